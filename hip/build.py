@@ -1,0 +1,266 @@
+"""Ahead-of-time build of the plugin's HIP kernels.
+
+Compiles every ``hip/*.hip`` source into ``<out>/<stem>.<arch>.co``:
+
+* ``gfx942`` (the product, shipped in the wheel): an AMDGPU ELF code object, built by ROCm's
+  ``hipcc`` or ``amdclang++`` where ROCm is installed, else by a plain clang >= 17 with HIP
+  headers and the ROCm device libraries (Debian's ``clang-19``, ``libamdhip64-dev`` and
+  ``rocm-device-libs``). Debian's device libraries predate gfx942 and lack
+  ``oclc_isa_version_942.bc``; that file only defines the ISA version constant, so the build
+  makes it from the gfx940 one in a private copy of the folder.
+* ``sm_90`` (tests and benchmarks on an NVIDIA H200, never shipped): a cubin built by ``nvcc``
+  from the same source through ``hip/portability.h``.
+
+``setup.py`` calls :func:`build_package` during the wheel build; it also writes the generated
+``_build_info.py`` that the status command prints. From the command line::
+
+    python hip/build.py --arch gfx942 --out DIR     # or --arch sm_90; --require fails loudly
+
+With no compiler the build succeeds without code objects and says so, unless ``require`` is set
+(``DSV41_GFX942_REQUIRE_HIP=1``, for the ROCm release build and CI), which makes it an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HIP_DIR = Path(__file__).resolve().parent
+SUPPORTED_ARCHS = ("gfx942", "sm_90")
+SHIPPED_ARCHS = ("gfx942",)
+REQUIRE_ENV = "DSV41_GFX942_REQUIRE_HIP"
+CFLAGS = ["-O3", "-std=c++17"]
+MIN_CLANG = 17
+
+
+class BuildError(RuntimeError):
+    """A required code object could not be built."""
+
+
+def _log(msg: str) -> None:
+    print(f"[dsv41-gfx942 build] {msg}", file=sys.stderr)
+
+
+def _run(cmd: list[str]) -> str:
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BuildError(f"{' '.join(cmd)} failed:\n{proc.stdout}{proc.stderr}")
+    return proc.stdout
+
+
+def _clang_major(clang: str) -> int:
+    try:
+        out = subprocess.run([clang, "--version"], capture_output=True, text=True).stdout
+    except OSError:
+        return 0
+    m = re.search(r"clang version (\d+)", out)
+    return int(m.group(1)) if m else 0
+
+
+def _rocm_roots() -> list[Path]:
+    roots = [os.environ.get(v) for v in ("ROCM_PATH", "ROCM_HOME", "HIP_PATH")]
+    return [Path(r) for r in roots if r] + [Path("/opt/rocm")]
+
+
+def _find_rocm_compiler() -> str | None:
+    for name in ("hipcc", "amdclang++"):
+        if found := shutil.which(name):
+            return found
+    for root in _rocm_roots():
+        for rel in ("bin/hipcc", "llvm/bin/amdclang++", "lib/llvm/bin/amdclang++"):
+            if (root / rel).is_file():
+                return str(root / rel)
+    return None
+
+
+def _find_plain_clang() -> str | None:
+    candidates = [f"clang++-{v}" for v in range(25, MIN_CLANG - 1, -1)] + ["clang++"]
+    candidates += [f"/usr/lib/llvm-{v}/bin/clang++" for v in range(25, MIN_CLANG - 1, -1)]
+    for name in candidates:
+        path = shutil.which(name) or (name if os.path.isfile(name) else None)
+        if path and _clang_major(path) >= MIN_CLANG:
+            return path
+    return None
+
+
+def _device_lib_dir(clang: str, arch: str, scratch: Path) -> Path | None:
+    """A ROCm device-library folder usable for ``arch``, shimmed if the ISA file is missing."""
+    for folder in (
+        Path("/usr/lib/x86_64-linux-gnu/amdgcn/bitcode"),
+        Path("/usr/lib/amdgcn/bitcode"),
+        *(root / "amdgcn/bitcode" for root in _rocm_roots()),
+    ):
+        if (folder / "ockl.bc").is_file():
+            break
+    else:
+        return None
+    isa = f"oclc_isa_version_{arch[3:]}.bc"
+    if (folder / isa).is_file():
+        return folder
+    donor = folder / "oclc_isa_version_940.bc"
+    tools = Path(clang).resolve().parent
+    dis, asm = tools / "llvm-dis", tools / "llvm-as"
+    if not (donor.is_file() and dis.is_file() and asm.is_file()):
+        return None
+    shim = scratch / "device-libs"
+    shutil.copytree(folder, shim, dirs_exist_ok=True)
+    text = _run([str(dis), str(donor), "-o", "-"])
+    version = f"{arch[3]}{arch[4]}0{arch[5]}"  # gfx942 -> 9402, as ROCm's own file says
+    text = text.replace("i32 9400", f"i32 {version}")
+    subprocess.run([str(asm), "-o", str(shim / isa)], input=text, text=True, check=True)
+    return shim
+
+
+def find_compiler(arch: str) -> list[str] | None:
+    """The compiler command (without sources) that builds ``arch``, or None if none is here."""
+    if arch == "sm_90":
+        nvcc = shutil.which("nvcc")
+        return [nvcc, "-x", "cu", "-arch=sm_90", "-cubin", *CFLAGS] if nvcc else None
+    if rocm := _find_rocm_compiler():
+        return [
+            rocm,
+            "-x",
+            "hip",
+            f"--offload-arch={arch}",
+            "--offload-device-only",
+            "--no-gpu-bundle-output",
+            *CFLAGS,
+        ]
+    if clang := _find_plain_clang():
+        return [
+            clang,
+            "-x",
+            "hip",
+            f"--offload-arch={arch}",
+            "--offload-device-only",
+            "--no-gpu-bundle-output",
+            *CFLAGS,
+        ]
+    return None
+
+
+def _kernel_names(code_object: Path, arch: str) -> list[str]:
+    """Kernel symbols of a built code object (AMDGPU metadata notes, or the cubin's symbols)."""
+    if arch.startswith("gfx"):
+        readelf = shutil.which("llvm-readelf") or next(
+            (
+                p
+                for v in range(25, MIN_CLANG - 1, -1)
+                if os.path.isfile(p := f"/usr/lib/llvm-{v}/bin/llvm-readelf")
+            ),
+            None,
+        )
+        if readelf is None:
+            return []
+        notes = _run([readelf, "--notes", str(code_object)])
+        return sorted(set(re.findall(r"\.symbol:\s+(\S+)\.kd", notes)))
+    cuobjdump = shutil.which("cuobjdump")
+    if cuobjdump is None:
+        return []
+    out = _run([cuobjdump, "-elf", str(code_object)])
+    return sorted(set(re.findall(r"\.text\.(\w+)", out)))
+
+
+def build(arch: str, out_dir: Path, require: bool = False) -> dict[str, dict]:
+    """Build every ``hip/*.hip`` for ``arch`` into ``out_dir``; returns {file: info}."""
+    if arch not in SUPPORTED_ARCHS:
+        raise ValueError(f"arch {arch!r} is not one of {SUPPORTED_ARCHS}")
+    sources = sorted(HIP_DIR.glob("*.hip"))
+    if not sources:
+        _log(f"{arch}: no HIP source under {HIP_DIR}, nothing to build")
+        return {}
+    compiler = find_compiler(arch)
+    if compiler is None:
+        msg = f"{arch}: no compiler found (hipcc, amdclang++, clang++ >= {MIN_CLANG}, or nvcc)"
+        if require:
+            raise BuildError(msg + f"; {REQUIRE_ENV}=1 makes this an error")
+        _log(msg + "; building without code objects, the plugin's HIP hooks will stay off")
+        return {}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    built = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        cmd = list(compiler)
+        if arch.startswith("gfx") and not cmd[0].endswith(("hipcc", "amdclang++")):
+            libs = _device_lib_dir(cmd[0], arch, Path(scratch))
+            if libs is None:
+                msg = f"{arch}: {cmd[0]} has no ROCm device libraries for {arch}"
+                if require:
+                    raise BuildError(msg)
+                _log(msg + "; building without code objects")
+                return {}
+            cmd.append(f"--rocm-device-lib-path={libs}")
+        for src in sources:
+            target = out_dir / f"{src.stem}.{arch}.co"
+            _run([*cmd, "-I", str(HIP_DIR), str(src), "-o", str(target)])
+            kernels = _kernel_names(target, arch)
+            built[target.name] = {"arch": arch, "source": src.name, "kernels": kernels}
+            _log(f"{arch}: built {target} ({len(kernels)} kernels) with {Path(cmd[0]).name}")
+    return built
+
+
+def _git_commit() -> str:
+    try:
+        return _run(["git", "-C", str(HIP_DIR.parent), "rev-parse", "--short=12", "HEAD"]).strip()
+    except (BuildError, OSError):
+        return "unknown"
+
+
+def build_package(package_dir: Path, require: bool | None = None) -> dict:
+    """The wheel build's step: shipped code objects into ``package_dir/_kernels`` plus
+    ``package_dir/_build_info.py``. Returns the recorded build info."""
+    if require is None:
+        require = os.environ.get(REQUIRE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    objects: dict[str, dict] = {}
+    compilers = {}
+    for arch in SHIPPED_ARCHS:
+        objects.update(build(arch, package_dir / "_kernels", require=require))
+        cmd = find_compiler(arch)
+        compilers[arch] = _compiler_version(cmd[0]) if cmd else None
+    info = {
+        "archs": sorted({o["arch"] for o in objects.values()}),
+        "compilers": compilers,
+        "commit": _git_commit(),
+        "code_objects": objects,
+    }
+    (package_dir / "_build_info.py").write_text(
+        '"""Generated by hip/build.py during the wheel build: what was compiled, by what."""\n\n'
+        f"BUILD_INFO = {json.dumps(info, indent=4, sort_keys=True)}\n"
+    )
+    return info
+
+
+def _compiler_version(compiler: str) -> str:
+    try:
+        first = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    except OSError:
+        return compiler
+    line = next((ln for ln in first.splitlines() if "version" in ln), first.strip())
+    return f"{Path(compiler).name}: {line.strip()}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", action="append", choices=SUPPORTED_ARCHS)
+    parser.add_argument(
+        "--out", type=Path, default=HIP_DIR.parent / "src/dsv41_gfx942_plugin/_kernels"
+    )
+    parser.add_argument("--require", action="store_true", help="a missing compiler is an error")
+    args = parser.parse_args(argv)
+    try:
+        for arch in args.arch or list(SHIPPED_ARCHS):
+            build(arch, args.out, require=args.require)
+    except BuildError as exc:
+        _log(str(exc))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""Wheel build: the usual setuptools build plus the ahead-of-time HIP step (hip/build.py).
+
+The metadata lives in pyproject.toml; this file only adds the step that compiles the gfx942
+code object into the package and writes ``_build_info.py`` beside it.
+"""
+
+import importlib.util
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+ROOT = Path(__file__).resolve().parent
+
+
+def _hip_build():
+    spec = importlib.util.spec_from_file_location("dsv41_hip_build", ROOT / "hip" / "build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class BuildPyWithHip(build_py):
+    """build_py, then the gfx942 code object and build info into the built package."""
+
+    def run(self):
+        super().run()
+        package_dir = Path(self.build_lib) / "dsv41_gfx942_plugin"
+        _hip_build().build_package(package_dir)
+
+
+setup(cmdclass={"build_py": BuildPyWithHip})

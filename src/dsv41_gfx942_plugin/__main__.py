@@ -1,0 +1,136 @@
+"""``python -m dsv41_gfx942_plugin``: what the plugin would do in a vLLM process on this machine.
+
+Prints the versions it depends on and whether they are supported, the platform and GPU arch,
+each patch and whether it would apply here (and why not), the shipped code objects and what
+built them, and the ``DSV41_GFX942_*`` settings. It never patches anything and exits 0.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from importlib import metadata
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def _dist_version(*names: str) -> str:
+    for name in names:
+        try:
+            return f"{metadata.version(name)} ({name})"
+        except metadata.PackageNotFoundError:
+            continue
+    return "not installed"
+
+
+def _section(title: str) -> None:
+    print(f"\n{title}")
+
+
+def _versions() -> None:
+    from . import vllm_supported
+
+    _section("Versions")
+    try:
+        vllm = metadata.version("vllm")
+        print(f"  vllm    {vllm}: {'supported' if vllm_supported(vllm) else 'NOT supported'}"
+              " (needs >=0.33,<0.34)")  # fmt: skip
+    except metadata.PackageNotFoundError:
+        print("  vllm    not installed (needs >=0.33,<0.34)")
+    print(f"  torch   {_dist_version('torch')}")
+    print(f"  triton  {_dist_version('pytorch-triton-rocm', 'triton')}")
+    print(f"  plugin  {_dist_version('dsv41-gfx942-plugin')}")
+
+
+def _platform() -> str | None:
+    from . import inactive_reason
+
+    _section("Platform")
+    try:
+        import torch
+
+        hip = getattr(torch.version, "hip", None)
+        print(f"  torch build: {'ROCm/HIP ' + hip if hip else 'CUDA ' + str(torch.version.cuda)}")
+        if torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(0)
+            arch = getattr(props, "gcnArchName", None) or f"sm_{props.major}{props.minor}"
+            print(f"  GPU 0: {props.name}, arch {arch}")
+        else:
+            print("  GPU: none visible")
+    except Exception as exc:
+        print(f"  torch: {type(exc).__name__}: {exc}")
+    try:
+        platform = importlib.import_module("vllm.platforms").current_platform
+        print(f"  vLLM platform: {type(platform).__name__}")
+        reason = inactive_reason()
+    except Exception as exc:
+        reason = f"could not decide: {type(exc).__name__}: {exc}"
+    print(
+        f"  plugin in a vLLM process here: {'ACTIVE' if reason is None else 'inactive: ' + reason}"
+    )
+    return reason
+
+
+def _patches(inactive: str | None) -> None:
+    from .patches import check_all
+
+    _section("Patches (see patches.py for the ledger)")
+    for target, why_not in check_all().items():
+        if why_not is None and inactive is None:
+            print(f"  {target}: would apply")
+        elif why_not is None:
+            print(f"  {target}: fits this vLLM; not applied here (plugin inactive)")
+        else:
+            print(f"  {target}: would NOT apply: {why_not}")
+
+
+def _code_objects() -> None:
+    _section("Code objects (built ahead of time into the wheel)")
+    try:
+        info = importlib.import_module("dsv41_gfx942_plugin._build_info").BUILD_INFO
+    except ImportError:
+        print("  no build info: this is a source tree, not an installed wheel")
+        return
+    print(f"  built from commit {info.get('commit')}, archs {info.get('archs') or 'none'}")
+    for arch, compiler in (info.get("compilers") or {}).items():
+        print(f"  {arch} compiler: {compiler or 'none found at build time'}")
+    objects = info.get("code_objects") or {}
+    if not objects:
+        print("  no code object in this build: the HIP hooks stay off, vLLM's ops run")
+    for name, obj in objects.items():
+        path = PACKAGE_DIR / "_kernels" / name
+        found = f"{path.stat().st_size} bytes" if path.is_file() else "MISSING"
+        print(f"  {name} ({obj.get('arch')}, {found}): {', '.join(obj.get('kernels', []))}")
+
+
+def _settings() -> None:
+    from . import envs
+
+    _section("Settings (DSV41_GFX942_*)")
+    for name, value in envs.settings().items():
+        print(f"  {name}={value}  # {envs.VARIABLES[name].help}")
+    _section("Hook counters")
+    print("  kept per vLLM process; this command runs in its own process and cannot see them.")
+    print("  Inside vLLM: dsv41_gfx942_plugin.stats(); each worker logs them at its first")
+    print("  decode step and as a summary at exit.")
+
+
+def main() -> int:
+    print("dsv41-gfx942-plugin status")
+    for step in (_versions, _platform):
+        try:
+            inactive = step()
+        except Exception as exc:
+            print(f"  error: {type(exc).__name__}: {exc}")
+            inactive = "unknown"
+    for step in (lambda: _patches(inactive), _code_objects, _settings):
+        try:
+            step()
+        except Exception as exc:
+            print(f"  error: {type(exc).__name__}: {exc}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,10 @@
+"""The plugin's one logger, a child of vLLM's: records go through vLLM's handler and format,
+follow ``VLLM_LOGGING_LEVEL``, and have vLLM's ``info_once``/``warning_once``/``debug_once``.
+"""
+
+from vllm.logger import init_logger
+
+#: Under "vllm" so vLLM's logging configuration applies ("vllm" does not propagate to the root).
+LOGGER_NAME = "vllm.plugins.dsv41_gfx942"
+
+logger = init_logger(LOGGER_NAME)

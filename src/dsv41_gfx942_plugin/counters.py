@@ -1,0 +1,48 @@
+"""Per-process counters of each hook's host-side decisions: taken, declined, and why.
+
+A hook records one decision each time its Python runs. In vLLM's breakable-graph mode (the
+ROCm default for DeepSeek-V4.1) the indexer's Python runs every step, so the counts are steps;
+under FULL CUDA graphs the Python runs only while a graph is captured, so they count captures,
+not replays. The status command runs in another process and cannot see these; read them with
+``dsv41_gfx942_plugin.stats()`` inside the vLLM process.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+_taken: Counter[str] = Counter()
+_declined: defaultdict[str, Counter[str]] = defaultdict(Counter)
+
+
+def record(hook: str, taken: bool, reason: str = "") -> None:
+    """Count one decision of ``hook``; ``reason`` says why it declined."""
+    if taken:
+        _taken[hook] += 1
+    else:
+        _declined[hook][reason or "declined"] += 1
+
+
+def stats() -> dict[str, dict]:
+    """{hook: {"taken": n, "declined": n, "reasons": {reason: n}}} for this process."""
+    hooks = set(_taken) | set(_declined)
+    return {
+        h: {
+            "taken": _taken[h],
+            "declined": sum(_declined[h].values()),
+            "reasons": dict(_declined[h]),
+        }
+        for h in sorted(hooks)
+    }
+
+
+def summary() -> str:
+    """One line: each hook's taken/declined counts."""
+    parts = [f"{h} {s['taken']}/{s['taken'] + s['declined']}" for h, s in stats().items()]
+    return ", ".join(parts) if parts else "no hook has run"
+
+
+def reset() -> None:
+    """Forget every count (tests)."""
+    _taken.clear()
+    _declined.clear()

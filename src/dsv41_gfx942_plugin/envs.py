@@ -1,0 +1,125 @@
+"""Every ``DSV41_GFX942_*`` environment variable of the plugin, read in this one place.
+
+Values are read when asked for (each vLLM process reads them once, while ``register()`` runs or
+a layer is built), so a test can set them with ``monkeypatch.setenv``. Booleans take
+``1/true/yes/on`` and ``0/false/no/off`` (any case); anything else keeps the default and logs one
+warning naming the variable.
+
+The hook families can be turned off one at a time in production; turning one off leaves vLLM's
+own op at that place.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+PREFIX = "DSV41_GFX942_"
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """One documented variable: its name, default and what it does."""
+
+    name: str
+    default: bool | str
+    help: str
+
+
+VARIABLES: dict[str, EnvVar] = {
+    v.name: v
+    for v in (
+        EnvVar(
+            "DSV41_GFX942_DISABLE",
+            False,
+            "Global off switch: the plugin patches nothing (vLLM runs unchanged).",
+        ),
+        EnvVar(
+            "DSV41_GFX942_TOPK",
+            True,
+            "HIP top-512, candidate selection (layer 20) and candidate top-k (layers 24-36).",
+        ),
+        EnvVar(
+            "DSV41_GFX942_CAND_LOGITS",
+            True,
+            "Candidate-only FP8 indexer logits (Gluon) on the reader layers 24-36.",
+        ),
+        EnvVar(
+            "DSV41_GFX942_FUSED_MARKOV",
+            True,
+            "DSpark Markov draft sampling fused to one launch a draft step (Triton).",
+        ),
+        EnvVar(
+            "DSV41_GFX942_KERNEL_DIR",
+            "",
+            "Folder to load code objects from instead of the package's _kernels/ "
+            "(tests and benchmarks of an sm_90 build; empty: the shipped ones).",
+        ),
+        EnvVar(
+            "DSV41_GFX942_REQUIRE_HIP",
+            False,
+            "Build time: a missing HIP compiler fails the wheel build (ROCm release build, CI).",
+        ),
+    )
+}
+
+#: Hook family -> the variable that switches it.
+FAMILIES = {
+    "topk": "DSV41_GFX942_TOPK",
+    "cand_logits": "DSV41_GFX942_CAND_LOGITS",
+    "fused_markov": "DSV41_GFX942_FUSED_MARKOV",
+}
+
+_warned: set[str] = set()
+
+
+def _warn_once(name: str, raw: str, default: bool) -> None:
+    if name in _warned:
+        return
+    _warned.add(name)
+    from ._log import logger
+
+    logger.warning("%s=%r is not a boolean; using the default %s", name, raw, default)
+
+
+def get_bool(name: str) -> bool:
+    """The boolean value of a documented variable (its default when unset or unreadable)."""
+    var = VARIABLES[name]
+    assert isinstance(var.default, bool)
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return var.default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    _warn_once(name, raw, var.default)
+    return var.default
+
+
+def get_str(name: str) -> str:
+    """The string value of a documented variable (its default when unset)."""
+    var = VARIABLES[name]
+    return os.environ.get(name, str(var.default))
+
+
+def disabled() -> bool:
+    """True when the global off switch is set."""
+    return get_bool("DSV41_GFX942_DISABLE")
+
+
+def enabled(family: str) -> bool:
+    """Whether hook ``family`` ("topk", "cand_logits", "fused_markov") may serve."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown hook family {family!r}; expected one of {sorted(FAMILIES)}")
+    return not disabled() and get_bool(FAMILIES[family])
+
+
+def settings() -> dict[str, str]:
+    """Every variable as the status command prints it: the value set, or '<default>'."""
+    return {
+        name: os.environ.get(name, f"<unset: {var.default!r}>") for name, var in VARIABLES.items()
+    }

@@ -1,0 +1,127 @@
+"""The ledger: every vLLM 0.33.0 symbol the plugin replaces, why, how, and what would remove it.
+
+1. ``vllm.models.deepseek_v41.attention.DeepseekV4Indexer.attn_cls``
+   - Why: DSv4.1's decode indexer (top-512, layer 20's candidate selection, the reader layers'
+     candidate mask and logits) runs vLLM's generic ops on gfx942, about 0.5-0.7 ms a step at
+     128k (performance-anchors.md). The plugin's decode path replaces them there.
+   - How: the ClassVar is set to a subclass of the ``SparseAttnIndexer`` it held
+     (``indexer.make_indexer_cls``), whose ``forward_hip`` runs the plugin's decode path on a
+     decode-only step and ``super().forward_hip`` otherwise. Only DSv4.1's FP8 indexer is
+     affected: DSv3.2 builds ``SparseAttnIndexer`` directly, the ROCm MXFP4 indexer and the
+     ``--monokernel`` gfx942 indexer (``DeepseekV41Gfx942Indexer``) set their own ``attn_cls``
+     and keep vLLM's classes. ``CustomOp.register_oot`` was not used: it is keyed by class name
+     and would take every model's ``SparseAttnIndexer``. Must land before the model is built
+     (``CustomOp`` binds its forward in ``__init__``): vLLM loads general plugins in each worker
+     before that.
+   - Checked first: ``attn_cls`` is still vLLM's ``SparseAttnIndexer``; the parameters of
+     ``SparseAttnIndexer.__init__`` and ``.forward_hip`` and of
+     ``rocm_aiter_sparse_attn_indexer`` (whose decode branch the plugin's path reproduces).
+   - Removed by: an upstream hook for the indexer's decode top-k/logits (a registered
+     ``top_k_per_row_decode`` backend), or vLLM enabling its in-tree gfx942 ops without
+     ``--monokernel``.
+   - Switch: ``DSV41_GFX942_TOPK`` and ``DSV41_GFX942_CAND_LOGITS`` (patched while either is on).
+2. ``vllm.v1.worker.gpu.spec_decode.dspark.speculator.DSparkSpeculator._sample_sequential``
+   - Why: vLLM's Markov loop launches about 9 kernels for each of the 5 draft steps (about
+     220 us a decode step on MI325X); the plugin fuses each step to one launch.
+   - How: a wrapper keeping vLLM's order (``speculator.make_sample_sequential``): the draft
+     top-k path, the draft model's own ``sample_sequential`` hook (vLLM's ``--monokernel`` path
+     serves there), then the plugin's fused launches, then vLLM's original method.
+   - Checked first: its parameters ``(self, num_reqs, head_hidden)``.
+   - Removed by: vLLM fusing the Markov steps itself outside ``--monokernel``.
+   - Switch: ``DSV41_GFX942_FUSED_MARKOV``.
+
+With ``--monokernel`` on gfx942 vLLM's in-tree copy of these ops serves both places (its
+indexer class bypasses patch 1, its draft model hook answers before patch 2's fused path), so
+nothing runs twice; the log says which path serves. The plugin never imports that copy.
+"""
+
+from __future__ import annotations
+
+from . import envs, patching
+from .patching import Expect, Patch
+
+_SAI = "vllm.model_executor.layers.sparse_attn_indexer:SparseAttnIndexer"
+_ROCM_OP = "vllm.v1.attention.ops.rocm_aiter_mla_sparse:rocm_aiter_sparse_attn_indexer"
+_SPEC = "vllm.v1.worker.gpu.spec_decode.dspark.speculator:DSparkSpeculator"
+
+
+def _make_indexer(original):
+    from .indexer import make_indexer_cls
+
+    return make_indexer_cls(original)
+
+
+def _make_sampler(original):
+    from .speculator import make_sample_sequential
+
+    return make_sample_sequential(original)
+
+
+INDEXER = Patch(
+    module="vllm.models.deepseek_v41.attention",
+    owner="DeepseekV4Indexer",
+    attr="attn_cls",
+    make=_make_indexer,
+    expects=(
+        Expect("vllm.models.deepseek_v41.attention:DeepseekV4Indexer.attn_cls", is_class=_SAI),
+        Expect(
+            f"{_SAI}.__init__",
+            params=(
+                "self", "k_cache", "quant_block_size", "scale_fmt", "topk_tokens", "head_dim",
+                "max_model_len", "max_total_seq_len", "topk_indices_buffer",
+                "skip_k_cache_insert", "use_fp4_cache", "compress_ratio", "candidate_blocks",
+                "candidate_block_size", "candidate_write",
+            ),
+        ),
+        Expect(f"{_SAI}.forward_hip", params=("self", "hidden_states", "q_quant", "k", "weights")),
+        Expect(
+            _ROCM_OP,
+            params=(
+                "hidden_states", "k_cache_prefix", "kv_cache", "q_fp8", "k", "weights",
+                "quant_block_size", "scale_fmt", "topk_tokens", "head_dim", "max_model_len",
+                "total_seq_lens", "topk_indices_buffer", "skip_k_cache_insert",
+                "compress_ratio", "candidate_blocks", "candidate_block_size", "candidate_write",
+            ),
+        ),
+    ),
+)  # fmt: skip
+
+SAMPLER = Patch(
+    module="vllm.v1.worker.gpu.spec_decode.dspark.speculator",
+    owner="DSparkSpeculator",
+    attr="_sample_sequential",
+    make=_make_sampler,
+    expects=(Expect(f"{_SPEC}._sample_sequential", params=("self", "num_reqs", "head_hidden")),),
+)
+
+#: Every patch with the hook families that want it (applied when any of them is on).
+PATCHES: tuple[tuple[Patch, tuple[str, ...]], ...] = (
+    (INDEXER, ("topk", "cand_logits")),
+    (SAMPLER, ("fused_markov",)),
+)
+
+
+def wanted(families: tuple[str, ...]) -> str | None:
+    """Why a patch for ``families`` is off by the env switches, or None if it is wanted."""
+    if any(envs.enabled(f) for f in families):
+        return None
+    return "turned off by " + " and ".join(f"{envs.FAMILIES[f]}=0" for f in families)
+
+
+def apply_all() -> dict[str, str]:
+    """Apply every wanted patch that fits; {target: "applied" or why not}."""
+    results = {}
+    for patch, families in PATCHES:
+        off = wanted(families)
+        if off is not None:
+            results[patch.target] = off
+        elif patching.apply(patch):
+            results[patch.target] = "applied"
+        else:
+            results[patch.target] = patching.check(patch) or "already applied"
+    return results
+
+
+def check_all() -> dict[str, str | None]:
+    """Without patching: {target: None if it would apply on this vLLM, else why not}."""
+    return {patch.target: wanted(families) or patching.check(patch) for patch, families in PATCHES}

@@ -1,0 +1,54 @@
+"""The replacement of ``DSparkSpeculator._sample_sequential`` (vLLM 0.33.0).
+
+It keeps vLLM's order and adds one step: the ``_draft_topk`` path (vLLM's), then the draft
+model's own ``sample_sequential`` hook (vLLM's; with ``--monokernel`` on gfx942 that is vLLM's
+in-tree fused path, which then serves and the plugin stands aside), then the plugin's fused
+Markov launches (``ops.fused_markov``), then vLLM's loop. When the fused path declines, vLLM's
+original runs whole; it asks the draft model's hook once more, which declines again having done
+nothing (one Python call, no kernel).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from . import counters, envs
+from ._log import logger
+
+HOOK = "fused_markov"
+
+
+def _served_by(path: str) -> None:
+    logger.info_once("dsv41_gfx942: DSpark Markov draft sampling is served by %s", path)
+
+
+def make_sample_sequential(original: Callable) -> Callable:
+    """The patched ``_sample_sequential`` around vLLM's ``original``."""
+    fused_on = envs.enabled("fused_markov")
+
+    def _sample_sequential(self, num_reqs: int, head_hidden) -> None:
+        if self._draft_topk is not None:
+            counters.record(HOOK, False, "draft top-k path")
+            _served_by("vLLM's draft top-k path")
+            return original(self, num_reqs, head_hidden)
+        model_hook = getattr(self.model, "sample_sequential", None)
+        if model_hook is not None and model_hook(self, num_reqs, head_hidden):
+            counters.record(HOOK, False, "draft model's own hook")
+            _served_by("the draft model's own sample_sequential (vLLM's --monokernel path)")
+            return None
+        if fused_on:
+            from .ops import fused_markov
+
+            if fused_markov.sample_sequential(self, num_reqs, head_hidden):
+                counters.record(HOOK, True)
+                _served_by("the plugin's fused Markov launches")
+                return None
+            counters.record(HOOK, False, "fused path declined")
+        else:
+            counters.record(HOOK, False, "DSV41_GFX942_FUSED_MARKOV=0")
+        _served_by("vLLM's loop")
+        return original(self, num_reqs, head_hidden)
+
+    _sample_sequential.__wrapped__ = original
+    _sample_sequential.__doc__ = __doc__
+    return _sample_sequential

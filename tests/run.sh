@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The test command (README "Run the tests"): installs what the tests need, then runs them.
+#  1. the gfx942 HIP toolchain, where no ROCm compiler is installed and apt-get is there
+#     (Debian's clang-19 + HIP headers + device libraries: hip/build.py builds with them);
+#  2. a virtual environment with vLLM 0.33.0 (~9 GB, ~5 min the first time), cached under
+#     ~/.cache so a later run on the same machine reuses it (checked, never trusted blindly);
+#  3. the plugin itself, built as a wheel and installed (so the tests see the shipped code object);
+#  4. ruff (lint + format check), then pytest. GPU-only and gfx942-only tests skip on a CPU.
+# DSV41_GFX942_REQUIRE_HIP=1 makes a missing HIP compiler a build error (CI sets it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV="${DSV41_TEST_VENV:-$HOME/.cache/dsv41-gfx942-plugin/venv-vllm-0.33.0}"
+PY="$VENV/bin/python"
+
+if ! command -v hipcc >/dev/null && ! command -v clang++-19 >/dev/null && command -v apt-get >/dev/null; then
+  echo "== installing the HIP toolchain (clang-19, HIP headers, ROCm device libraries)"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+    clang-19 lld-19 llvm-19 libamdhip64-dev rocm-device-libs >/dev/null
+fi
+
+if ! { [ -x "$PY" ] && "$PY" -c "import importlib.metadata as m; assert m.version('vllm') == '0.33.0'; import vllm, pytest" 2>/dev/null; }; then
+  echo "== creating $VENV with vllm==0.33.0"
+  rm -rf "$VENV"
+  python3 -m venv "$VENV"
+  "$PY" -m pip install -q --upgrade pip
+  "$PY" -m pip install -q "vllm==0.33.0"
+fi
+"$PY" -m pip install -q "pytest>=8" "ruff>=0.6"
+
+echo "== building and installing the plugin wheel"
+"$PY" -m pip install -q --no-deps --force-reinstall .
+
+echo "== ruff"
+"$VENV/bin/ruff" check .
+"$VENV/bin/ruff" format --check .
+
+echo "== pytest"
+if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  # No GPU: run Triton kernels (vLLM's and ours) in the interpreter. vLLM keeps Triton on
+  # without a GPU driver only when CUDA_VISIBLE_DEVICES is set and empty.
+  export CUDA_VISIBLE_DEVICES="" TRITON_INTERPRET=1
+fi
+exec "$PY" -m pytest -q -p no:cacheprovider "$@"

@@ -1,0 +1,195 @@
+"""register(), the vLLM entry point, on the real vllm==0.33.0: activation order, idempotency,
+patches landing on vLLM's objects, undo, and an internal error swallowed."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from dsv41_gfx942_plugin import patches, patching
+
+INDEXER = patches.INDEXER.target
+SAMPLER = patches.SAMPLER.target
+
+
+def _owner(patch):
+    return patching.resolve(f"{patch.module}:{patch.owner}")
+
+
+def _infos(log):
+    return [r.getMessage() for r in log.records if r.levelno == logging.INFO]
+
+
+def test_inactive_on_this_machine(clean_plugin, plugin_log, targets):
+    clean_plugin.register()
+    assert clean_plugin.status().startswith("inactive: platform is")
+    assert patching.applied() == {}
+    for patch, _ in patches.PATCHES:
+        assert vars(_owner(patch))[patch.attr] is targets[patch.target]
+    infos = _infos(plugin_log)
+    assert len(infos) == 1 and "inactive" in infos[0] and "not ROCm" in infos[0]
+
+
+@pytest.mark.parametrize(
+    ("setup", "reason"),
+    [
+        (lambda mp, st: mp.setenv("DSV41_GFX942_DISABLE", "1"), "DSV41_GFX942_DISABLE"),
+        (lambda mp, st: mp.setattr("dsv41_gfx942_plugin.vllm_version", lambda: "0.34.0"),
+         "vLLM 0.34.0 is not supported"),
+        (lambda mp, st: setattr(st, "gfx942", False), "not gfx942"),
+    ],
+)  # fmt: skip
+def test_inactive_reasons_in_order(clean_plugin, fake_platform, monkeypatch, plugin_log, setup,
+                                   reason):  # fmt: skip
+    # The off switch wins over a bad version, which wins over the arch: set all three.
+    setup(monkeypatch, fake_platform)
+    clean_plugin.register()
+    assert reason in clean_plugin.status()
+    assert patching.applied() == {}
+    assert [m for m in _infos(plugin_log) if "inactive" in m] == [
+        f"dsv41_gfx942 plugin inactive: {clean_plugin.status()[len('inactive: ') :]}"
+    ]
+
+
+def test_off_switch_checked_before_platform(clean_plugin, monkeypatch):
+    monkeypatch.setenv("DSV41_GFX942_DISABLE", "yes")
+    monkeypatch.setattr("dsv41_gfx942_plugin.vllm_version", lambda: "1.0.0")
+    clean_plugin.register()
+    assert clean_plugin.status() == "inactive: turned off by DSV41_GFX942_DISABLE"
+
+
+@pytest.mark.parametrize(("version", "ok"), [("0.33.0", True), ("0.33.7rc1", True),
+                                             ("0.32.9", False), ("0.34.0", False),
+                                             ("1.33.0", False), ("dev", False)])  # fmt: skip
+def test_version_range(version, ok):
+    from dsv41_gfx942_plugin import vllm_supported
+
+    assert vllm_supported(version) is ok
+
+
+def test_active_patches_land_on_real_vllm(clean_plugin, fake_platform, plugin_log, targets):
+    from vllm.model_executor.layers.sparse_attn_indexer import SparseAttnIndexer
+    from vllm.models.deepseek_v41.attention import DeepseekV4Indexer
+    from vllm.v1.worker.gpu.spec_decode.dspark.speculator import DSparkSpeculator
+
+    clean_plugin.register()
+    assert clean_plugin.status() == "active"
+    assert set(patching.applied()) == {INDEXER, SAMPLER}
+    assert DeepseekV4Indexer.attn_cls is not SparseAttnIndexer
+    assert issubclass(DeepseekV4Indexer.attn_cls, SparseAttnIndexer)
+    assert DSparkSpeculator._sample_sequential is not targets[SAMPLER]
+    assert DSparkSpeculator._sample_sequential.__wrapped__ is targets[SAMPLER]
+    assert any("active on gfx942" in m for m in _infos(plugin_log))
+
+    # A second register() in the same process changes nothing.
+    before = {t: a.replacement for t, a in patching.applied().items()}
+    clean_plugin.register()
+    assert {t: a.replacement for t, a in patching.applied().items()} == before
+
+    # Undo restores vLLM's originals exactly.
+    assert set(patching.undo_all()) == {INDEXER, SAMPLER}
+    assert DeepseekV4Indexer.attn_cls is SparseAttnIndexer
+    assert vars(DSparkSpeculator)["_sample_sequential"] is targets[SAMPLER]
+
+
+def test_hook_family_switches(clean_plugin, fake_platform, monkeypatch):
+    monkeypatch.setenv("DSV41_GFX942_FUSED_MARKOV", "0")
+    monkeypatch.setenv("DSV41_GFX942_TOPK", "off")
+    clean_plugin.register()
+    # The indexer patch stays while the candidate-logits family is on.
+    assert set(patching.applied()) == {INDEXER}
+    assert patches.check_all()[SAMPLER] == "turned off by DSV41_GFX942_FUSED_MARKOV=0"
+
+
+def test_changed_signature_is_skipped_with_warning(clean_plugin, fake_platform, monkeypatch,
+                                                   plugin_log, targets):  # fmt: skip
+    from vllm.v1.worker.gpu.spec_decode.dspark.speculator import DSparkSpeculator
+
+    def changed(self, num_reqs, head_hidden, extra):  # vLLM grew a parameter
+        return None
+
+    monkeypatch.setattr(DSparkSpeculator, "_sample_sequential", changed)
+    clean_plugin.register()
+    assert clean_plugin.status() == "active"
+    assert set(patching.applied()) == {INDEXER}  # the rest still applies
+    assert DSparkSpeculator._sample_sequential is changed
+    warnings = [r.getMessage() for r in plugin_log.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and SAMPLER in warnings[0] and "extra" in warnings[0]
+
+
+def test_replaced_attn_cls_is_left_alone(clean_plugin, fake_platform, monkeypatch, plugin_log):
+    from vllm.model_executor.layers.sparse_attn_indexer import SparseAttnIndexer
+    from vllm.models.deepseek_v41.attention import DeepseekV4Indexer
+
+    class SomeoneElses(SparseAttnIndexer):
+        pass
+
+    monkeypatch.setattr(DeepseekV4Indexer, "attn_cls", SomeoneElses)
+    clean_plugin.register()
+    assert DeepseekV4Indexer.attn_cls is SomeoneElses
+    assert set(patching.applied()) == {SAMPLER}
+    assert any(INDEXER in r.getMessage() and "expected vLLM's" in r.getMessage()
+               for r in plugin_log.records if r.levelno == logging.WARNING)  # fmt: skip
+
+
+def test_patch_helper_refuses_twice():
+    class Dummy:
+        def f(self, a):
+            return "orig"
+
+    patch = patching.Patch(module=__name__, owner="Dummy", attr="f",
+                           make=lambda orig: lambda self, a: "new")  # fmt: skip
+    globals()["Dummy"] = Dummy
+    orig_f = vars(Dummy)["f"]
+    try:
+        assert patching.apply(patch) is True
+        replacement = Dummy.f
+        assert patching.apply(patch) is False
+        assert Dummy.f is replacement and Dummy().f(1) == "new"
+        rec = patching.applied()[patch.target]
+        assert rec.original is orig_f and rec.replacement is replacement
+    finally:
+        assert patching.undo_all() == [patch.target]
+        del globals()["Dummy"]
+    assert Dummy().f(1) == "orig"
+
+
+def test_undo_of_inherited_attribute_deletes_it():
+    class Base:
+        x = 1
+
+    class Child(Base):
+        pass
+
+    globals()["Child"] = Child
+    try:
+        patching.apply(patching.Patch(module=__name__, owner="Child", attr="x",
+                                      make=lambda orig: orig + 1))  # fmt: skip
+        assert Child.x == 2
+    finally:
+        patching.undo_all()
+        del globals()["Child"]
+    assert "x" not in vars(Child) and Child.x == 1
+
+
+def test_register_swallows_internal_error(clean_plugin, fake_platform, monkeypatch, plugin_log):
+    from vllm.models.deepseek_v41.attention import DeepseekV4Indexer
+
+    original = DeepseekV4Indexer.attn_cls
+
+    def boom(orig):
+        raise RuntimeError("bug in the plugin")
+
+    # The indexer patch lands, then the sampler's replacement factory fails.
+    monkeypatch.setattr(patches, "SAMPLER", patching.Patch(
+        patches.SAMPLER.module, patches.SAMPLER.owner, patches.SAMPLER.attr, boom,
+        patches.SAMPLER.expects))  # fmt: skip
+    monkeypatch.setattr(patches, "PATCHES", ((patches.INDEXER, ("topk",)),
+                                             (patches.SAMPLER, ("fused_markov",))))  # fmt: skip
+    clean_plugin.register()  # must not raise
+    assert clean_plugin.status() == "inactive: internal error"
+    assert patching.applied() == {}
+    assert DeepseekV4Indexer.attn_cls is original  # what landed first was undone
+    errors = [r for r in plugin_log.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "bug in the plugin" in (errors[0].exc_text or "")
