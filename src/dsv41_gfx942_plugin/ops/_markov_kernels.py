@@ -1,0 +1,276 @@
+"""Raw Triton kernels of the fused DSpark Markov sampling; ``fused_markov.py`` launches them.
+
+One launch a draft step, grid ``(cdiv(V, BV),)``: program ``p`` owns tokens ``[p*BV, (p+1)*BV)``
+of every row, and for each tile of ``R_TILE`` rows it
+
+1. takes the row's previous token: step 0 the anchor ``input_ids[anchor_idx[r]]``, a later step
+   the previous step's winner (program 0 also stores it in ``draft_tokens[r, step - 1]``);
+2. computes the Markov bias ``bf16(sum_k w1[prev, k] * w2[v, k])``, an fp32 sum of the exact
+   products, as vLLM's bf16 GEMV does (its summation order differs: the last bf16 bit may too).
+   The rows of a step are a small GEMM that reads ``markov_w2`` once for all of them;
+3. ``logits = bf16(base + bias)`` (one rounding, as a bf16 tensor add), stored pre-temperature
+   into ``draft_logits[req, step]`` for a live row (``req >= 0``) of a probabilistic draft;
+4. ``y = logits / temp`` plus vLLM's Gumbel noise for the row's (seed, step, position, token)
+   (vLLM's murmur3 helpers from ``vllm/v1/worker/gpu/sample/gumbel.py``), or ``y = logits`` for a
+   greedy draft, a zero temperature, an inert row;
+5. the winner: the largest ``y``, the first token among equal ones (NaN counts as the largest,
+   -0 equals +0: torch's argmax). With fp32 noise ``y`` and the token fit one int64,
+   ``order(y) << 32 | (2**32 - 1 - token)``, whose maximum is the winner: every program
+   ``atomic_max``-es its rows' keys into ``win[step, r]``, and the next step reads one key a row.
+   With fp64 noise the key has no room for the token: each program writes its block's best
+   (key, token) to a scratch row and the next step scans the row's blocks (slower, rare).
+
+The last step's tokens come from ``_markov_last_kernel``, which also resets ``win`` (``-2**63``) for
+the next call, so every call starts from a clean slate without a fill launch.
+
+The Triton interpreter (CPU tests) has no bf16 arithmetic and truncates fp32->bf16 casts:
+``NATIVE_BF16=False`` rounds to nearest-even with integer ops instead. ``USE_DOT`` (GPU only,
+``R_TILE >= 16``) multiplies bf16 tiles with ``tl.dot``; otherwise the products are upcast to fp32
+and summed (exact products, so the sums differ only in order).
+"""
+
+import triton
+import triton.language as tl
+from vllm.v1.worker.gpu.sample.gumbel import (
+    _log1p_neg_stable,
+    murmur3_uniform32,
+    murmur3_uniform64,
+    spec_step_seed,
+)
+
+# An int64 key below every real one (masked tokens; the winners' reset value).
+KEY_MIN = tl.constexpr(-(2**63))
+# vLLM's offset salt of drafting positions (gumbel.py's _DRAFT_NOISE_SALT).
+DRAFT_NOISE_SALT = tl.constexpr(1 << 30)
+
+
+@triton.jit
+def _round_bf16(x, NATIVE_BF16: tl.constexpr):
+    """fp32 -> nearest-even bf16, returned as the fp32 of that bf16 (NaN -> 0x7FC0, torch's)."""
+    if NATIVE_BF16:
+        return x.to(tl.bfloat16, fp_downcast_rounding="rtne").to(tl.float32)
+    b = x.to(tl.uint32, bitcast=True)
+    r = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+    r = tl.where(x != x, 0x7FC00000, r)
+    return r.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _order32(y):
+    """int32 whose signed order is y's (fp32), with -0 == +0 and every NaN the largest."""
+    y = tl.where(y == 0.0, 0.0, y)
+    b = y.to(tl.int32, bitcast=True)
+    o = tl.where(b >= 0, b, b ^ 0x7FFFFFFF)
+    return tl.where(y != y, 0x7FFFFFFF, o)
+
+
+@triton.jit
+def _order64(y):
+    """int64 whose signed order is y's (fp64), with -0 == +0 and every NaN the largest."""
+    y = tl.where(y == 0.0, 0.0, y)
+    b = y.to(tl.int64, bitcast=True)
+    o = tl.where(b >= 0, b, b ^ 0x7FFFFFFFFFFFFFFF)
+    return tl.where(y != y, 0x7FFFFFFFFFFFFFFF, o)
+
+
+@triton.jit
+def _prev_tokens(
+    r,
+    rmask,
+    step,
+    input_ids_ptr,
+    anchor_ptr,
+    win_ptr,
+    win_stride,
+    keys_ptr,
+    toks_ptr,
+    scr_stride,
+    nb,
+    PACKED: tl.constexpr,
+    NB_CHUNK: tl.constexpr,
+):
+    """The token each row of ``r`` sampled at step ``step - 1`` (its anchor at step 0)."""
+    if step == 0:
+        anchor = tl.load(anchor_ptr + r, mask=rmask, other=0)
+        prev = tl.load(input_ids_ptr + anchor, mask=rmask, other=0).to(tl.int64)
+    elif PACKED:
+        key = tl.load(win_ptr + (step - 1) * win_stride + r, mask=rmask, other=0)
+        prev = 0xFFFFFFFF - (key & 0xFFFFFFFF)
+    else:
+        # First block holding the row's largest key: its token is the first of equal maxima.
+        best = tl.full(r.shape, KEY_MIN, tl.int64)
+        best_j = tl.zeros(r.shape, tl.int32)
+        for j0 in range(0, nb, NB_CHUNK):
+            j = j0 + tl.arange(0, NB_CHUNK)
+            m2 = rmask[:, None] & (j < nb)[None, :]
+            k = tl.load(keys_ptr + r[:, None] * scr_stride + j[None, :], mask=m2, other=KEY_MIN)
+            m, jj = tl.max(k, axis=1, return_indices=True, return_indices_tie_break_left=True)
+            upd = m > best
+            best = tl.where(upd, m, best)
+            best_j = tl.where(upd, j0 + jj, best_j)
+        prev = tl.load(toks_ptr + r * scr_stride + best_j, mask=rmask, other=0).to(tl.int64)
+    return prev
+
+
+@triton.jit
+def _markov_step_kernel(
+    input_ids_ptr,  # int32 [max_tokens]; step 0's previous token is input_ids[anchor_idx[r]]
+    anchor_ptr,  # int64 [rows]
+    w1_ptr,  # bf16 [w1_rows, RANK] markov_w1 (embedding of the previous token)
+    w1_rows,
+    w2_ptr,  # bf16 [>= vocab, RANK] markov_w2 (bias head)
+    base_ptr,  # bf16 base logits of (row r, this step) at base_ptr + r * base_stride + v
+    base_stride,
+    idx_ptr,  # int64 sample_idx_mapping of (row r, this step) at idx_ptr + r * map_stride
+    pos_ptr,  # int64 sample_pos, the same layout
+    map_stride,
+    temp_ptr,  # fp32 [max_num_reqs]
+    seeds_ptr,  # int64 [max_num_reqs]
+    cache_ptr,  # bf16 draft_logits [max_num_reqs, n_spec, >= vocab]
+    cache_s0,
+    cache_s1,
+    tokens_ptr,  # int64 draft_tokens [max_num_reqs, n_spec]
+    tokens_stride,
+    win_ptr,  # int64 [n_spec, max_rows] packed winners (PACKED)
+    win_stride,
+    prev_keys_ptr,  # int64 / int32 [max_rows, nb] the previous step's block bests (fp64 noise)
+    prev_toks_ptr,
+    out_keys_ptr,  # this step's block bests (fp64 noise)
+    out_toks_ptr,
+    scr_stride,
+    rows,
+    vocab,
+    step,
+    nb,
+    RANK: tl.constexpr,
+    BV: tl.constexpr,
+    BK: tl.constexpr,
+    R_TILE: tl.constexpr,
+    GREEDY: tl.constexpr,
+    USE_FP64: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    NATIVE_BF16: tl.constexpr,
+    NB_CHUNK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    v = pid * BV + tl.arange(0, BV)
+    vmask = v < vocab
+    v64 = v.to(tl.int64)
+    PACKED: tl.constexpr = not USE_FP64
+    for t0 in range(0, rows, R_TILE):
+        r = t0 + tl.arange(0, R_TILE)
+        rmask = r < rows
+        m2 = rmask[:, None] & vmask[None, :]
+        prev = _prev_tokens(
+            r,
+            rmask,
+            step,
+            input_ids_ptr,
+            anchor_ptr,
+            win_ptr,
+            win_stride,
+            prev_keys_ptr,
+            prev_toks_ptr,
+            scr_stride,
+            nb,
+            PACKED,
+            NB_CHUNK,
+        )
+        tl.store(
+            tokens_ptr + r * tokens_stride + (step - 1), prev, mask=rmask & (pid == 0) & (step > 0)
+        )
+        # Never read outside markov_w1 (vLLM's embedding would raise on such an anchor).
+        prev = tl.minimum(tl.maximum(prev, 0), w1_rows - 1)
+
+        acc = tl.zeros([R_TILE, BV], dtype=tl.float32)
+        for k0 in tl.static_range(0, RANK, BK):
+            k = k0 + tl.arange(0, BK)
+            e = tl.load(w1_ptr + prev[:, None] * RANK + k[None, :], mask=rmask[:, None], other=0.0)
+            w = tl.load(w2_ptr + v64[:, None] * RANK + k[None, :], mask=vmask[:, None], other=0.0)
+            if USE_DOT:
+                acc = tl.dot(e, tl.trans(w), acc)
+            else:
+                prod = e.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+                acc += tl.sum(prod, axis=2)
+        bias = _round_bf16(acc, NATIVE_BF16)
+        base = tl.load(base_ptr + r[:, None].to(tl.int64) * base_stride + v[None, :], mask=m2)
+        logits = _round_bf16(base.to(tl.float32) + bias, NATIVE_BF16)
+
+        if GREEDY:
+            y = logits
+        else:
+            req = tl.load(idx_ptr + r * map_stride, mask=rmask, other=-1)
+            live = rmask & (req >= 0)
+            # Pre-temperature, as gumbel_sample caches them for the rejection sampler.
+            cache = cache_ptr + req[:, None] * cache_s0 + step * cache_s1 + v[None, :]
+            tl.store(cache, logits.to(tl.bfloat16), mask=m2 & live[:, None])
+            temp = tl.load(temp_ptr + req, mask=live, other=0.0).to(tl.float32)[:, None]
+            seed = spec_step_seed(tl.load(seeds_ptr + req, mask=live, other=0), step)[:, None]
+            # gumbel_sample keys a draw by the position before the sampled token, salted.
+            pos = (tl.load(pos_ptr + r * map_stride, mask=rmask, other=1) - 1)[:, None]
+            pos = pos + DRAFT_NOISE_SALT
+            hot = temp != 0.0
+            y = tl.where(hot, logits / tl.where(hot, temp, 1.0), logits)
+            if USE_FP64:
+                y = y.to(tl.float64)
+            if tl.max(tl.where(hot, 1, 0)) > 0:
+                if USE_FP64:
+                    u = murmur3_uniform64(seed, pos, v[None, :])
+                    noise = -tl.log(-tl.log(u))
+                else:
+                    u = murmur3_uniform32(seed, pos, v[None, :])
+                    noise = -tl.log(-_log1p_neg_stable(u))
+                y = tl.where(hot, y + noise, y)
+
+        if PACKED:
+            low = (0xFFFFFFFF - v64)[None, :]
+            key = (_order32(y).to(tl.int64) << 32) | low
+            key = tl.where(m2, key, KEY_MIN)
+            best = tl.max(key, axis=1)
+            tl.atomic_max(win_ptr + step * win_stride + r, best, mask=rmask)
+        else:
+            key = tl.where(m2, _order64(y), KEY_MIN)
+            best, at = tl.max(key, axis=1, return_indices=True, return_indices_tie_break_left=True)
+            tl.store(out_keys_ptr + r * scr_stride + pid, best, mask=rmask)
+            tl.store(out_toks_ptr + r * scr_stride + pid, pid * BV + at, mask=rmask)
+
+
+@triton.jit
+def _markov_last_kernel(
+    tokens_ptr,
+    tokens_stride,
+    win_ptr,
+    win_stride,
+    keys_ptr,
+    toks_ptr,
+    scr_stride,
+    rows,
+    n_spec,
+    nb,
+    USE_FP64: tl.constexpr,
+    R_TILE: tl.constexpr,
+    NB_CHUNK: tl.constexpr,
+):
+    """Stores the last step's tokens and resets the packed winners of every step."""
+    r = tl.program_id(0) * R_TILE + tl.arange(0, R_TILE)
+    rmask = r < rows
+    PACKED: tl.constexpr = not USE_FP64
+    prev = _prev_tokens(
+        r,
+        rmask,
+        n_spec,
+        tokens_ptr,  # unused: n_spec > 0
+        r,
+        win_ptr,
+        win_stride,
+        keys_ptr,
+        toks_ptr,
+        scr_stride,
+        nb,
+        PACKED,
+        NB_CHUNK,
+    )
+    tl.store(tokens_ptr + r * tokens_stride + (n_spec - 1), prev, mask=rmask)
+    if PACKED:
+        for s in range(0, n_spec):
+            tl.store(win_ptr + s * win_stride + r, tl.full([R_TILE], KEY_MIN, tl.int64), mask=rmask)

@@ -1,0 +1,294 @@
+"""DSpark's sequential Markov sampling with one Triton launch a draft step.
+
+vLLM 0.33.0's ``DSparkSpeculator._sample_sequential`` runs about 9 kernels for each of the 5 draft
+steps (Markov embedding, a bias GEMV over the whole vocabulary reading the 66 MB ``markov_w2``,
+the add, the Gumbel sample's kernel, argmax and gather, the token store). Here each step is one
+launch (``_markov_kernels._markov_step_kernel``): every program takes a block of the vocabulary
+for all rows, so ``markov_w2`` is read once a step whatever the batch, computes bias + base logits,
+caches them, and reduces its block's Gumbel-max (vLLM's own noise) into one packed key a row;
+the next step's programs read the previous token from those keys. One small launch stores the
+last step's tokens. It serves greedy and probabilistic drafts, fp32 and fp64 noise, any batch up
+to the speculator's ``max_num_reqs``, and runs inside vLLM's CUDA graph of the draft step.
+
+Tokens equal vLLM's wherever the step's logits are bit-equal; a bias may differ from vLLM's in
+its last bf16 bit (another summation order of the same exact products), which changes only which
+tokens are proposed: the rejection sampler verifies every one against the target.
+
+``sample_sequential`` returns False having done nothing when ``_why_not`` names a reason; the
+plugin's patch then runs vLLM's loop. The hooks read no environment variables (the patch layer
+gates them).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+
+from .._log import logger
+from . import _markov_kernels as K
+
+__all__ = ["sample_sequential"]
+
+# Vocabulary tokens a program on a GPU: 129280 / 128 = 1010 programs, about 8 for each of
+# H200's 132 SMs and 3 for each of MI325X's 304 CUs, so no SM waits on one long program.
+BV_GPU = 128
+# Rows a tile for tl.dot (its M must be at least 16); fewer rows take the fp32 product sum,
+# whose epilogue does not pay for 16 - R padded rows of noise.
+DOT_MIN_ROWS = 16
+DOT_MAX_TILE = 64
+# Under the interpreter every program costs Python time: large blocks, few programs.
+BV_INTERP = 1024
+INTERP_MAX_TILE = 16
+# Block-best columns one scan step reads (fp64 noise only).
+NB_CHUNK = 128
+# Markov ranks the kernel takes: a multiple of its rank chunk, at most this many.
+RANK_STEP = 64
+MAX_RANK = 1024
+NUM_WARPS = 4
+
+_logged: set[str] = set()
+_buffers: dict = {}
+
+
+def _log_once(why: str) -> None:
+    if why not in _logged:
+        _logged.add(why)
+        logger.debug("dsv41_gfx942: DSpark fused Markov sampling declines a step: %s", why)
+
+
+def _interpreted(device: torch.device) -> bool:
+    return device.type == "cpu"
+
+
+def _why_not(spec, num_reqs: int) -> str | None:
+    """Why this step must take vLLM's loop, or None when the fused launches compute it."""
+    model = spec.model
+    head = getattr(getattr(model, "model", None), "markov_head", None)
+    if head is None or type(head).__name__ != "DSparkMarkovHead":
+        return "no Markov head"
+    if spec._draft_topk is not None:
+        return "the draft top-k path"
+    if spec.draft_watermarker is not None:
+        return "a draft watermarker"
+    if (
+        spec._d2t_scatter_index is not None
+        or getattr(model, "draft_id_to_target_id", None) is not None
+    ):
+        return "a reduced draft vocabulary"
+    if spec.use_confidence_head:
+        return "the confidence head"
+    if spec.acceptance_estimator is not None:
+        return "the acceptance estimator"
+    if hasattr(model, "apply_output_logit_transform"):
+        return "an output logit transform"
+    lp = getattr(model, "logits_processor", None)
+    if lp is None or type(lp).__name__ != "LogitsProcessor" or lp.logits_as_input:
+        return "a logits processor the kernel does not mirror"
+    if lp.soft_cap is not None:
+        return "a logits soft cap"
+    if lp.scale != 1.0:
+        return "a logits scale"
+    if lp.head_dtype not in (None, torch.bfloat16):
+        return f"a {lp.head_dtype} head dtype"
+    if type(head.markov_w2.quant_method).__name__ != "UnquantizedEmbeddingMethod":
+        return "a quantized Markov head"
+    if getattr(head.markov_w2, "tp_size", 1) != 1:
+        return "a vocab-parallel Markov head"
+    w1, w2 = head.markov_w1.weight, head.markov_w2.weight
+    if w1.dtype != torch.bfloat16 or w2.dtype != torch.bfloat16:
+        return "Markov weights not bf16"
+    if not (w1.is_contiguous() and w2.is_contiguous()):
+        return "non-contiguous Markov weights"
+    rank = w1.shape[1]
+    if w2.shape[1] != rank or rank % RANK_STEP or not RANK_STEP <= rank <= MAX_RANK:
+        return f"Markov rank {rank} (w2 {w2.shape[1]})"
+    if w1.shape[0] < lp.org_vocab_size:
+        return "a Markov embedding smaller than the vocabulary"
+    cache = spec.draft_logits
+    if cache is not None:
+        if cache.dtype != w2.dtype:
+            return f"a {cache.dtype} draft logits cache"
+        if cache.stride(-1) != 1 or cache.shape[1] < spec.num_speculative_steps:
+            return "a draft logits cache of another layout"
+    if spec.num_speculative_steps < 1:
+        return "no draft steps"
+    if not 1 <= num_reqs <= spec.max_num_reqs:
+        return f"{num_reqs} requests"
+    if w2.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        return "CPU tensors without the Triton interpreter"
+    if (
+        w2.device.type == "cuda"
+        and torch.cuda.is_current_stream_capturing()
+        and _key(spec, w2.device, lp.org_vocab_size) not in _buffers
+    ):
+        return "scratch not allocated before CUDA graph capture"
+    return None
+
+
+def _key(spec, device, vocab):
+    return (
+        str(device),
+        vocab,
+        bool(spec.use_fp64_gumbel),
+        spec.num_speculative_steps,
+        spec.max_num_reqs,
+    )
+
+
+def _scratch(spec, device: torch.device, vocab: int) -> dict:
+    """The winners and block-best buffers, allocated once per (device, vocabulary, noise dtype,
+    steps, rows) so that a CUDA graph keeps their addresses. ``win`` starts at the key floor and
+    every call leaves it there (``_markov_last_kernel`` resets it)."""
+    key = _key(spec, device, vocab)
+    if key not in _buffers:
+        rows, n_spec = spec.max_num_reqs, spec.num_speculative_steps
+        buf = {"win": torch.full((n_spec, rows), -(2**63), dtype=torch.int64, device=device)}
+        if spec.use_fp64_gumbel:
+            nb = triton.cdiv(vocab, min(BV_GPU, BV_INTERP))
+            buf["keys"] = [torch.empty(rows, nb, dtype=torch.int64, device=device) for _ in "ab"]
+            buf["toks"] = [torch.empty(rows, nb, dtype=torch.int32, device=device) for _ in "ab"]
+        _buffers[key] = buf
+    return _buffers[key]
+
+
+def _config(num_reqs: int, vocab: int, rank: int, interpreted: bool) -> dict:
+    """Block sizes of a step launch for this batch."""
+    rows = triton.next_power_of_2(num_reqs)
+    if interpreted:
+        return dict(
+            BV=min(BV_INTERP, triton.next_power_of_2(vocab)),
+            BK=min(rank, 64),
+            R_TILE=min(rows, INTERP_MAX_TILE),
+            USE_DOT=False,
+            NATIVE_BF16=False,
+        )
+    if rows >= DOT_MIN_ROWS:
+        return dict(
+            BV=BV_GPU, BK=64, R_TILE=min(rows, DOT_MAX_TILE), USE_DOT=True, NATIVE_BF16=True
+        )
+    # fp32 products of [R_TILE, BV, BK]: 64 values a thread at 4 warps.
+    return dict(BV=BV_GPU, BK=32 if rows <= 2 else 16, R_TILE=rows, USE_DOT=False, NATIVE_BF16=True)
+
+
+def sample_sequential(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
+    """``DSparkSpeculator._sample_sequential`` with one launch a draft step (plus one). Returns
+    False, having done nothing, when this step must take vLLM's loop."""
+    why = _why_not(spec, num_reqs)
+    if why is not None:
+        _log_once(why)
+        return False
+    n_spec = spec.num_speculative_steps
+    num_sample = num_reqs * n_spec
+    sample_hidden = head_hidden[spec.sample_indices[:num_sample]]
+    base = spec.model.compute_draft_logits(sample_hidden)
+    head = spec.model.model.markov_head
+    w1, w2 = head.markov_w1.weight, head.markov_w2.weight
+    vocab = base.shape[-1]
+    bias_width = min(w2.shape[0], spec.model.logits_processor.org_vocab_size)
+    if base.dtype != w2.dtype or base.stride(-1) != 1 or vocab != bias_width:
+        # The lm_head's output is not what the kernel adds to: vLLM's loop, from these logits.
+        _log_once(f"{base.dtype} base logits of width {vocab} (bias {bias_width})")
+        return _loop_rest(spec, num_reqs, base, sample_hidden)
+    _launch(spec, num_reqs, base.view(num_reqs, n_spec, vocab), w1, w2)
+    return True
+
+
+def _launch(spec, num_reqs: int, base: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> None:
+    n_spec, vocab = base.shape[1], base.shape[2]
+    device = base.device
+    greedy = spec.draft_logits is None
+    fp64 = bool(spec.use_fp64_gumbel) and not greedy
+    cfg = _config(num_reqs, vocab, w1.shape[1], _interpreted(device))
+    buf = _scratch(spec, device, vocab)
+    win = buf["win"]
+    nb = triton.cdiv(vocab, cfg["BV"])
+    keys, toks = buf.get("keys", [win, win]), buf.get("toks", [win, win])
+    scr_stride = keys[0].stride(0)
+    num_sample = num_reqs * n_spec
+    idx_map = spec.sample_idx_mapping[:num_sample].view(num_reqs, n_spec)
+    pos = spec.sample_pos[:num_sample].view(num_reqs, n_spec)
+    cache = spec.draft_logits if not greedy else base
+    tokens = spec.draft_tokens
+    for step in range(n_spec):
+        K._markov_step_kernel[(nb,)](
+            spec.input_buffers.input_ids,
+            spec._anchor_idx,
+            w1,
+            w1.shape[0],
+            w2,
+            base[:, step],
+            base.stride(0),
+            idx_map[:, step],
+            pos[:, step],
+            idx_map.stride(0),
+            spec.temperature,
+            spec.seeds,
+            cache,
+            cache.stride(0),
+            cache.stride(1),
+            tokens,
+            tokens.stride(0),
+            win,
+            win.stride(0),
+            keys[(step + 1) % 2],
+            toks[(step + 1) % 2],
+            keys[step % 2],
+            toks[step % 2],
+            scr_stride,
+            num_reqs,
+            vocab,
+            step,
+            nb,
+            RANK=w1.shape[1],
+            GREEDY=greedy,
+            USE_FP64=fp64,
+            NB_CHUNK=NB_CHUNK,
+            num_warps=NUM_WARPS,
+            **cfg,
+        )
+    r_tile = min(triton.next_power_of_2(num_reqs), 64)
+    K._markov_last_kernel[(triton.cdiv(num_reqs, r_tile),)](
+        tokens,
+        tokens.stride(0),
+        win,
+        win.stride(0),
+        keys[(n_spec - 1) % 2],
+        toks[(n_spec - 1) % 2],
+        scr_stride,
+        num_reqs,
+        n_spec,
+        nb,
+        USE_FP64=fp64,
+        R_TILE=r_tile,
+        NB_CHUNK=NB_CHUNK,
+    )
+
+
+def _loop_rest(spec, num_reqs: int, base_logits: torch.Tensor, sample_hidden: torch.Tensor) -> bool:
+    """vLLM's loop of ``_sample_sequential`` from its base logits on, for a step whose base logits
+    the kernel does not take (they are computed once). Returns True: the step is done."""
+    n_spec = spec.num_speculative_steps
+    num_sample = num_reqs * n_spec
+    base_logits = base_logits.view(num_reqs, n_spec, base_logits.shape[-1])
+    idx_map = spec.sample_idx_mapping[:num_sample].view(num_reqs, n_spec)
+    sample_pos = spec.sample_pos[:num_sample].view(num_reqs, n_spec)
+    embeds = []
+    prev = spec.input_buffers.input_ids[spec._anchor_idx[:num_reqs]]
+    for i in range(n_spec):
+        embed = spec.model.markov_embed(prev)
+        if spec.use_confidence_head:
+            embeds.append(embed)
+        logits = base_logits[:, i] + spec.model.markov_bias(embed)
+        if hasattr(spec.model, "apply_output_logit_transform"):
+            logits = spec.model.apply_output_logit_transform(logits)
+        token = spec._sample_logits(logits, idx_map[:, i], sample_pos[:, i], i)
+        spec.draft_tokens[:num_reqs, i] = token
+        prev = token
+    if spec.use_confidence_head:
+        confidence = spec.model.compute_confidence(
+            sample_hidden, torch.stack(embeds, dim=1).flatten(0, 1)
+        )
+        spec.draft_token_confidence_probs[:num_reqs] = confidence.view(num_reqs, n_spec)
+    return True

@@ -1,0 +1,278 @@
+"""A DSpark speculator built for tests of ``ops.fused_markov``, and the issue's comparison rule.
+
+``make_case`` builds a real ``DSparkSpeculator`` with ``__new__`` and the attributes its
+``_sample_sequential`` reads, around a small draft model holding vLLM's own ``DSparkMarkovHead``
+and ``LogitsProcessor`` (bf16, random weights); its ``compute_draft_logits`` returns preset base
+logits. ``run_vllm`` runs vLLM 0.33.0's original loop, ``run_fused`` the plugin's launches, each
+from the same state. ``check_rule`` applies the rule of issue 4:
+
+for every row and step whose earlier tokens equal vLLM's, where the step's cached logits are
+bit-equal to vLLM's the token equals vLLM's; a cached value differs from vLLM's only by a
+last-bit difference of the bias carried through the add (it is ``bf16(base + b)`` for ``b``
+vLLM's bias or one of its bf16 neighbours); at most 1e-3 of the compared values differ; a greedy
+(or inert, or zero-temperature) token's logit equals the maximum of vLLM's logits within one ulp.
+"""
+
+from __future__ import annotations
+
+import copy
+import types
+
+import torch
+from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
+from vllm.model_executor.layers.logits_processor import LogitsProcessor
+from vllm.model_executor.models.qwen3_dspark import DSparkMarkovHead
+from vllm.v1.worker.gpu.spec_decode.dspark.speculator import DSparkSpeculator
+
+#: vLLM's loop, even when the plugin's patch is on.
+VLLM_SAMPLE_SEQUENTIAL = getattr(
+    DSparkSpeculator._sample_sequential, "__wrapped__", DSparkSpeculator._sample_sequential
+)
+
+
+class DraftModel(torch.nn.Module):
+    """The hooks ``_sample_sequential`` calls, as vLLM's DSpark draft models define them."""
+
+    def __init__(self, head: DSparkMarkovHead, lp: LogitsProcessor, base: torch.Tensor):
+        super().__init__()
+        self.model = torch.nn.Module()
+        self.model.markov_head = head
+        self.logits_processor = lp
+        self.base = base  # [tokens, V]: hidden row h's base logits are base[h]
+
+    def compute_draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.base[hidden[:, 0].long()]
+
+    def map_draft_to_target(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids
+
+    def markov_embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.markov_head.embed(ids)
+
+    def markov_bias(self, embed: torch.Tensor) -> torch.Tensor:
+        return self.model.markov_head.bias(embed, self.logits_processor)
+
+
+def make_head(vocab: int, rank: int, device, gen: torch.Generator, w_scale: float = 0.2):
+    with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
+        head = DSparkMarkovHead(vocab, vocab, rank, prefix="markov_head")
+        lp = LogitsProcessor(vocab)
+    head = head.to(device=device, dtype=torch.bfloat16)
+    for w in (head.markov_w1.weight, head.markov_w2.weight):
+        w.data.copy_((torch.randn(w.shape, generator=gen) * w_scale).to(torch.bfloat16))
+    return head, lp
+
+
+def make_case(
+    *,
+    vocab: int,
+    rank: int = 64,
+    rows: int,
+    n_spec: int = 5,
+    greedy: bool = False,
+    fp64: bool = False,
+    seed: int = 0,
+    temps=(0.0, 0.3, 1.0, 2.0),
+    inert: float = 0.15,
+    max_num_reqs: int | None = None,
+    device="cpu",
+    adversarial: bool = True,
+    head=None,
+):
+    """A speculator in the state of a draft step with ``rows`` requests."""
+    gen = torch.Generator().manual_seed(seed)
+    max_num_reqs = max_num_reqs or max(rows, 4)
+    if head is None:
+        head, lp = make_head(vocab, rank, device, gen)
+    else:
+        head, lp = head
+    num_sample = rows * n_spec
+    n_tokens = num_sample + 7
+    base = torch.randn(n_tokens, vocab, generator=gen) * 3
+    if adversarial:
+        # Ties: tokens a < b with the same base logit and the same Markov row (equal logits),
+        # some -inf entries, one row of -inf only, large values.
+        w2 = head.markov_w2.weight.data
+        for _ in range(4):
+            a, b = sorted(torch.randint(0, vocab, (2,), generator=gen).tolist())
+            if a != b:
+                w2[b] = w2[a]
+                base[:, b] = base[:, a]
+                base[:, a] += 4.0  # often near the top: a tie the first token must win
+                base[:, b] += 4.0
+        base[torch.rand(base.shape, generator=gen) < 0.01] = float("-inf")
+        base[n_tokens // 2] = float("-inf")
+    base = base.to(torch.bfloat16).to(device)
+    model = DraftModel(head, lp, base)
+
+    spec = DSparkSpeculator.__new__(DSparkSpeculator)
+    spec.model = model
+    spec.device = torch.device(device)
+    spec.num_speculative_steps = n_spec
+    spec.max_num_reqs = max_num_reqs
+    spec.vocab_size = vocab
+    spec._draft_topk = None
+    spec.draft_watermarker = None
+    spec._d2t_scatter_index = None
+    spec._draft_scatter_buf = None
+    spec.use_confidence_head = False
+    spec.acceptance_estimator = None
+    spec.use_fp64_gumbel = fp64
+    spec.draft_logits = (
+        None
+        if greedy
+        else torch.zeros(max_num_reqs, n_spec, vocab, dtype=torch.bfloat16, device=device)
+    )
+    spec.temperature = torch.tensor(
+        [temps[i] for i in torch.randint(0, len(temps), (max_num_reqs,), generator=gen).tolist()],
+        dtype=torch.float32,
+        device=device,
+    )
+    spec.seeds = torch.randint(-(2**62), 2**62, (max_num_reqs,), generator=gen).to(device)
+    spec.draft_tokens = torch.zeros(max_num_reqs, n_spec, dtype=torch.int64, device=device)
+    spec.draft_token_confidence_probs = torch.zeros(
+        max_num_reqs, n_spec, dtype=torch.float32, device=device
+    )
+    spec._step_cols = torch.arange(n_spec, dtype=torch.int32, device=device)
+    spec.num_query_per_req = n_spec
+    spec._anchor_idx = torch.arange(max_num_reqs, dtype=torch.int64, device=device) * n_spec
+    input_ids = torch.randint(0, vocab, (max_num_reqs * n_spec,), generator=gen)
+    spec.input_buffers = types.SimpleNamespace(input_ids=input_ids.to(torch.int32).to(device))
+    # Rows sample distinct request slots; some rows are inert (-1, as CUDA graph padding).
+    slots = torch.randperm(max_num_reqs, generator=gen)[:rows]
+    slots[torch.rand(rows, generator=gen) < inert] = -1
+    idx = torch.full((max_num_reqs * n_spec,), -1, dtype=torch.int64)
+    idx[:num_sample] = slots.repeat_interleave(n_spec)
+    spec.sample_idx_mapping = idx.to(device)
+    pos0 = torch.randint(0, 1 << 20, (rows,), generator=gen)
+    pos = torch.zeros(max_num_reqs * n_spec, dtype=torch.int64)
+    pos[:num_sample] = (pos0[:, None] + 1 + torch.arange(n_spec)).reshape(-1)
+    spec.sample_pos = pos.to(device)
+    sample_idx = torch.zeros(max_num_reqs * n_spec, dtype=torch.int64)
+    sample_idx[:num_sample] = torch.randperm(n_tokens, generator=gen)[:num_sample]
+    spec.sample_indices = sample_idx.to(device)
+    head_hidden = torch.arange(n_tokens, device=device)[:, None]
+    return spec, head_hidden
+
+
+def snapshot(spec):
+    return {
+        "tokens": spec.draft_tokens.clone(),
+        "cache": None if spec.draft_logits is None else spec.draft_logits.clone(),
+    }
+
+
+def _restore(spec, state):
+    spec.draft_tokens.copy_(state["tokens"])
+    if state["cache"] is not None:
+        spec.draft_logits.copy_(state["cache"])
+
+
+def run_both(spec, rows, head_hidden, fused):
+    """vLLM's loop, then ``fused(spec, rows, head_hidden)`` from the same state: two snapshots."""
+    start = snapshot(spec)
+    VLLM_SAMPLE_SEQUENTIAL(spec, rows, head_hidden)
+    ref = snapshot(spec)
+    _restore(spec, start)
+    took = fused(spec, rows, head_hidden)
+    out = snapshot(spec)
+    return took, ref, out
+
+
+def _bf16_neighbours(b: torch.Tensor) -> list[torch.Tensor]:
+    """b and its two bf16 neighbours (as fp32)."""
+    bits = b.to(torch.bfloat16).view(torch.int16).to(torch.int32)
+    out = [b.float()]
+    for d in (-1, 1):
+        nb = (bits + d).to(torch.int16).view(torch.bfloat16).float()
+        out.append(torch.where(torch.isfinite(b), nb, b.float()))
+    return out
+
+
+class RuleStats:
+    def __init__(self):
+        self.compared = 0
+        self.differ = 0
+        self.tokens = 0
+        self.tokens_equal = 0
+
+
+def check_rule(spec, rows, head_hidden, ref, out, stats: RuleStats | None = None) -> RuleStats:
+    """Asserts the issue's rule on one step; returns counts (compared/differing values)."""
+    stats = stats or RuleStats()
+    model, n_spec = spec.model, spec.num_speculative_steps
+    num_sample = rows * n_spec
+    base = model.compute_draft_logits(head_hidden[spec.sample_indices[:num_sample]])
+    vocab = base.shape[-1]
+    base = base.view(rows, n_spec, vocab).float().cpu()
+    idx = spec.sample_idx_mapping[:num_sample].view(rows, n_spec).cpu()
+    temp = spec.temperature.cpu()
+    greedy = spec.draft_logits is None
+    prev = spec.input_buffers.input_ids[spec._anchor_idx[:rows]].long()
+    same = torch.ones(rows, dtype=torch.bool)
+    checked_cache = torch.zeros(ref["cache"].shape[:2], dtype=torch.bool) if not greedy else None
+    for i in range(n_spec):
+        bias = model.markov_bias(model.markov_embed(prev.to(base.device if False else prev.device)))
+        bias = bias.float().cpu()
+        logits = (base[:, i] + bias).to(torch.bfloat16).float()  # vLLM's logits of this step
+        t_ref = ref["tokens"][:rows, i].cpu()
+        t_out = out["tokens"][:rows, i].cpu()
+        assert ((t_out >= 0) & (t_out < vocab)).all(), t_out
+        for r in range(rows):
+            if not same[r]:
+                continue
+            req = int(idx[r, i])
+            stats.tokens += 1
+            stats.tokens_equal += int(t_ref[r] == t_out[r])
+            hot = not greedy and req >= 0 and float(temp[req]) != 0.0
+            if not greedy and req >= 0:
+                c_ref = ref["cache"][req, i, :vocab].cpu()
+                c_out = out["cache"][req, i, :vocab].cpu()
+                checked_cache[req, i] = True
+                eq = (c_ref.view(torch.int16) == c_out.view(torch.int16)) | (
+                    c_ref.isnan() & c_out.isnan()
+                )
+                stats.compared += vocab
+                stats.differ += int((~eq).sum())
+                if eq.all():
+                    assert t_ref[r] == t_out[r], (r, i, int(t_ref[r]), int(t_out[r]))
+                else:
+                    bad = ~eq
+                    cands = [
+                        (base[r, i] + b).to(torch.bfloat16).float()
+                        for b in _bf16_neighbours(bias[r])
+                    ]
+                    ok = torch.zeros(vocab, dtype=torch.bool)
+                    for c in cands:
+                        ok |= c == c_out.float()
+                    assert ok[bad].all(), (r, i, bad.nonzero()[:5].flatten().tolist())
+            if not hot:
+                # Argmax rows: the token's logit is the maximum within one bf16 ulp.
+                mx = logits[r].max()
+                if torch.isfinite(mx):
+                    ulp = (mx.abs().to(torch.bfloat16).view(torch.int16) + 1).view(
+                        torch.bfloat16
+                    ).float() - mx.abs()
+                    assert logits[r, t_out[r]] >= mx - ulp, (r, i, float(mx))
+                elif torch.isnan(mx):
+                    pass
+                else:
+                    assert t_out[r] == t_ref[r]
+        same &= t_ref == t_out
+        prev = t_ref.to(prev.device)
+    if not greedy:
+        # Every other cached column is untouched, and equal.
+        rest = ~checked_cache
+        assert torch.equal(
+            ref["cache"][rest].view(torch.int16), out["cache"][rest].view(torch.int16)
+        )
+    return stats
+
+
+def clone_case(spec):
+    """A second speculator with the same state and its own output buffers."""
+    other = copy.copy(spec)
+    other.draft_tokens = spec.draft_tokens.clone()
+    if spec.draft_logits is not None:
+        other.draft_logits = spec.draft_logits.clone()
+    return other
