@@ -1,0 +1,163 @@
+"""Plugin top-512 kernels against torch.topk, per shape, in one run; prints ratios, writes JSON.
+
+    python benchmarks/bench_topk.py [--json PATH] [--iters N]
+
+Each figure is the mean device time of one call, measured by replaying a CUDA graph that holds
+``--iters`` calls (so launch overhead on the host is excluded for both sides), after warm-up.
+"eager" is the mean of back-to-back eager calls (host cost included). Baselines:
+- decode: ``torch.topk(logits[:, :end], 512, sorted=False)`` over the dense row (vLLM's
+  ``top_k_per_row_decode`` is not available without vLLM's CUDA build; on gfx942 the issue's
+  anchors give vLLM's figures);
+- candidate top-k: torch's mask of the non-candidate columns to -inf (one scatter) plus topk;
+- candidate selection: torch's block max (amax), the newest-block pin, topk(2048) (vLLM's
+  op sequence written in torch);
+- compact: torch.topk over the compact row.
+On an NVIDIA H200 these are H200-measured figures, never gfx942 ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+from dsv41_gfx942_plugin.ops import topk  # noqa: E402
+
+DEV = "cuda"
+
+
+def graph_time_us(fn, iters: int) -> float:
+    """Mean device time of fn() over a CUDA graph of ``iters`` calls, replayed 5 times."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(iters):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        g.replay()
+    stop.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(stop) * 1000 / (5 * iters)
+
+
+def eager_time_us(fn, iters: int) -> float:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    stop.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(stop) * 1000 / iters
+
+
+def masked(x: torch.Tensor) -> torch.Tensor:
+    """7 of every 8 blocks of 8 columns at -inf (a candidate-masked row)."""
+    keep = torch.rand(x.shape[0], -(-x.shape[1] // 8), device=DEV) < 0.125
+    return x.masked_fill(~keep.repeat_interleave(8, 1)[:, : x.shape[1]], float("-inf"))
+
+
+def decode_cases():
+    for rows, width in [(6, 16384), (6, 131072), (6, 1 << 20), (32, 131072), (32, 1 << 20)]:
+        for kind in ("dense", "masked"):
+            x = torch.randn(rows, width, device=DEV)
+            if kind == "masked":
+                x = masked(x)
+            seq = torch.full((rows, 1), width, dtype=torch.int32, device=DEV)
+            idx = torch.empty(rows, 512, dtype=torch.int32, device=DEV)
+
+            def plugin(x=x, seq=seq, idx=idx):
+                topk.decode_top_k(x, 1, seq, idx, 512)
+
+            def base(x=x):
+                torch.topk(x, 512, dim=-1, sorted=False)
+
+            yield f"decode {kind} {rows}x{width}", plugin, base
+
+
+def candidate_cases():
+    rows, width, bs, k = 6, 131072, 8, 2048
+    x = torch.randn(rows, width, device=DEV)
+    seq = torch.full((rows, 1), width, dtype=torch.int32, device=DEV)
+    cands = torch.stack([torch.randperm(width // bs, device=DEV)[:k] for _ in range(rows)]).int()
+    idx = torch.empty(rows, 512, dtype=torch.int32, device=DEV)
+    cols = (cands.long()[:, :, None] * bs + torch.arange(bs, device=DEV)).view(rows, -1)
+    work = torch.empty_like(x)
+
+    def plugin():
+        topk.candidate_top_k(x, 1, seq, cands, bs, idx, 512)
+
+    def base():
+        work.fill_(float("-inf"))
+        work.scatter_(1, cols, x.gather(1, cols))
+        torch.topk(work, 512, dim=-1, sorted=False)
+
+    yield f"candidate top-k {rows}x{k}x{bs} of {width}", plugin, base
+
+    ids = torch.arange(rows * k * bs, device=DEV, dtype=torch.int32).view(rows, -1)
+    compact = torch.randn(rows, k * bs, device=DEV)
+
+    def plugin_c():
+        topk.compact_top_k_512(compact, ids, seq, 1, idx)
+
+    def base_c():
+        torch.topk(compact, 512, dim=-1, sorted=False)
+
+    yield f"compact top-k {rows}x{k * bs}", plugin_c, base_c
+
+    out = torch.empty(rows, k, dtype=torch.int32, device=DEV)
+    ends = torch.full((rows,), width, dtype=torch.int32, device=DEV)
+
+    def plugin_s():
+        topk.select_candidates(x, 1, ends, bs, out)
+
+    def base_s():
+        scores = x.view(rows, -1, bs).amax(-1)
+        scores[:, -1] = float("inf")
+        top = torch.topk(scores, k, dim=-1)
+        torch.where(top.values != float("-inf"), top.indices, -1)
+
+    yield f"candidate selection {rows}x{width}", plugin_s, base_s
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--iters", type=int, default=50)
+    args = parser.parse_args()
+    if not topk.build():
+        print("top-k kernels unavailable on this GPU (see the warning)", file=sys.stderr)
+        return 1
+    torch.manual_seed(0)
+    results = []
+    print(f"{torch.cuda.get_device_name()} (torch {torch.__version__})")
+    print(f"{'shape':44s} {'plugin us':>10s} {'torch us':>10s} {'ratio':>7s} {'eager us':>9s}")
+    for name, plugin, base in [*decode_cases(), *candidate_cases()]:
+        p = graph_time_us(plugin, args.iters)
+        b = graph_time_us(base, max(args.iters // 5, 4))
+        e = eager_time_us(plugin, args.iters)
+        results.append(
+            {"shape": name, "plugin_us": p, "torch_us": b, "speedup": b / p, "plugin_eager_us": e}
+        )
+        print(f"{name:44s} {p:10.2f} {b:10.2f} {b / p:6.1f}x {e:9.2f}")
+    if args.json:
+        args.json.write_text(
+            json.dumps({"device": torch.cuda.get_device_name(), "results": results}, indent=2)
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+// The one place where the plugin's HIP sources see which GPU they are compiled for.
+//
+// The kernels are written once against these wrappers. hip/build.py compiles them for gfx942
+// (the product: clang/hipcc, wave64) and for sm_90 (tests and benchmarks on an NVIDIA H200:
+// nvcc, warp32). Every architecture #if of the project lives here (tests/test_topk_build.py
+// checks), so the code that runs on the H200 is the code that ships for gfx942, with only the
+// wave width changed.
+#pragma once
+
+#include <stdint.h>
+
+#if defined(__HIP__)
+// ---------------------------------------------------------------- AMD (gfx942), wave64
+#include <hip/hip_runtime.h>
+
+#define DSV_WAVE 64
+typedef uint64_t lanemask_t;
+
+__device__ __forceinline__ lanemask_t dsv_ballot(bool p) { return __ballot(p); }
+__device__ __forceinline__ int dsv_popc(lanemask_t m) { return __popcll(m); }
+// 1-based index of the lowest set bit, 0 when none (like ffs).
+__device__ __forceinline__ int dsv_ffs(lanemask_t m) { return __ffsll((unsigned long long)m); }
+__device__ __forceinline__ uint32_t dsv_shfl(uint32_t v, int src) {
+  return (uint32_t)__shfl((int)v, src, DSV_WAVE);
+}
+__device__ __forceinline__ uint32_t dsv_shfl_up(uint32_t v, int d) {
+  return (uint32_t)__shfl_up((int)v, (unsigned)d, DSV_WAVE);
+}
+__device__ __forceinline__ uint32_t dsv_shfl_xor(uint32_t v, int m) {
+  return (uint32_t)__shfl_xor((int)v, m, DSV_WAVE);
+}
+
+#else
+// ---------------------------------------------------------------- NVIDIA (sm_90), warp32
+#define DSV_WAVE 32
+typedef uint32_t lanemask_t;
+
+__device__ __forceinline__ lanemask_t dsv_ballot(bool p) { return __ballot_sync(0xffffffffu, p); }
+__device__ __forceinline__ int dsv_popc(lanemask_t m) { return __popc(m); }
+__device__ __forceinline__ int dsv_ffs(lanemask_t m) { return __ffs((int)m); }
+__device__ __forceinline__ uint32_t dsv_shfl(uint32_t v, int src) {
+  return __shfl_sync(0xffffffffu, v, src);
+}
+__device__ __forceinline__ uint32_t dsv_shfl_up(uint32_t v, int d) {
+  return __shfl_up_sync(0xffffffffu, v, d);
+}
+__device__ __forceinline__ uint32_t dsv_shfl_xor(uint32_t v, int m) {
+  return __shfl_xor_sync(0xffffffffu, v, m);
+}
+#endif
+
+// Kernels have C names, so the launcher finds them by name in either code object.
+#define DSV_KERNEL(threads) extern "C" __global__ void __launch_bounds__(threads)
+
+__device__ __forceinline__ int dsv_lane() { return (int)(threadIdx.x % DSV_WAVE); }
+__device__ __forceinline__ int dsv_wave() { return (int)(threadIdx.x / DSV_WAVE); }
+// Lanes below this one, as a mask (for ranks within a ballot).
+__device__ __forceinline__ lanemask_t dsv_lanes_below() {
+  return (((lanemask_t)1) << dsv_lane()) - 1;
+}

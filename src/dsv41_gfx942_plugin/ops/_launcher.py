@@ -1,0 +1,197 @@
+"""Loads the plugin's ahead-of-time code objects and launches their kernels on torch's stream.
+
+The code object is ``_kernels/<stem>.<arch>.co`` in this package: ``gfx942`` on ROCm (the
+product, built by ``hip/build.py`` in the wheel build) and ``sm_90`` on an NVIDIA H200 (tests
+and benchmarks only). The sm_90 cubin is not shipped: the plugin patches vLLM only on ROCm
+gfx942, so on NVIDIA nothing would launch it; tests build it with ``python hip/build.py --arch
+sm_90`` into the same folder.
+
+It is loaded through the GPU runtime torch already has in the process: on ROCm the
+``libamdhip64`` mapped in this process (found in ``/proc/self/maps``, else under torch's lib
+folder), with ``hipModuleLoadData`` / ``hipModuleGetFunction`` / ``hipModuleLaunchKernel``; on
+NVIDIA libcuda's ``cuModuleLoadData`` / ``cuModuleGetFunction`` / ``cuLaunchKernel``. Nothing
+here links to torch's C++ ABI or needs a compiler, so one wheel serves any torch and ROCm that
+vLLM runs on.
+
+A launch packs its arguments with one ``struct.pack_into`` into a buffer laid out as the
+kernel's C parameters (the layout is checked against the code object's metadata in
+tests/test_topk_build.py) and passes it as the launch's ``extra`` buffer: no per-call ctypes
+objects, a few microseconds of host time. Launches go on torch's current stream, allocate
+nothing, and are captured by CUDA graphs like any other kernel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+from pathlib import Path
+
+import torch
+
+KERNEL_DIR = Path(__file__).resolve().parent.parent / "_kernels"
+
+# Parameter codes: P pointer, q int64, i int32 (the natural C layout, each aligned to its size).
+_SIZES = {"P": 8, "q": 8, "i": 4}
+
+
+def arg_layout(signature: str) -> list[tuple[int, int]]:
+    """(offset, size) of each parameter of a kernel whose C parameters are ``signature``."""
+    layout, offset = [], 0
+    for code in signature:
+        size = _SIZES[code]
+        offset = (offset + size - 1) // size * size
+        layout.append((offset, size))
+        offset += size
+    return layout
+
+
+def _packer(signature: str) -> struct.Struct:
+    fmt, offset = "<", 0
+    for (start, size), code in zip(arg_layout(signature), signature):
+        fmt += "x" * (start - offset) + ("Q" if code == "P" else code)
+        offset = start + size
+    return struct.Struct(fmt)  # the explicit kernel arguments, as the code object lays them out
+
+
+def code_object_arch(device: torch.device | int | None = None) -> str | None:
+    """The architecture name of this process's GPU as the code objects are named, or None."""
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(device)
+    if torch.version.hip:
+        return props.gcnArchName.split(":")[0]
+    return f"sm_{props.major}{props.minor}"
+
+
+class _Runtime:
+    """The module API of the GPU runtime torch uses (HIP or the CUDA driver)."""
+
+    def __init__(self):
+        if torch.version.hip:
+            self.lib = ctypes.CDLL(self._mapped_hip(), mode=ctypes.RTLD_GLOBAL)
+            prefix, self.end_marker = "hip", 3  # HIP_LAUNCH_PARAM_END
+            self.load_data = self.lib.hipModuleLoadData
+            self.get_function = self.lib.hipModuleGetFunction
+            self.launch = self.lib.hipModuleLaunchKernel
+        else:
+            self.lib = ctypes.CDLL("libcuda.so.1")
+            prefix, self.end_marker = "cu", 0  # CU_LAUNCH_PARAM_END
+            self.load_data = self.lib.cuModuleLoadData
+            self.get_function = self.lib.cuModuleGetFunction
+            self.launch = self.lib.cuLaunchKernel
+        self.name = prefix
+        vp = ctypes.c_void_p
+        self.load_data.argtypes = [ctypes.POINTER(vp), ctypes.c_char_p]
+        self.get_function.argtypes = [ctypes.POINTER(vp), vp, ctypes.c_char_p]
+        self.launch.argtypes = [vp] + [ctypes.c_uint] * 7 + [vp, vp, vp]
+        for fn in (self.load_data, self.get_function, self.launch):
+            fn.restype = ctypes.c_int
+
+    @staticmethod
+    def _mapped_hip() -> str:
+        """The libamdhip64 this process has loaded (torch's), not another copy found by name."""
+        try:
+            with open("/proc/self/maps") as maps:
+                for line in maps:
+                    path = line.split()[-1]
+                    if "libamdhip64.so" in os.path.basename(path):
+                        return path
+        except OSError:
+            pass
+        lib_dir = Path(torch.__file__).parent / "lib"
+        for path in sorted(lib_dir.glob("libamdhip64.so*")):
+            return str(path)
+        raise OSError("libamdhip64 is not loaded in this process")
+
+    def check(self, err: int, what: str) -> None:
+        if err != 0:
+            raise RuntimeError(f"{self.name}{what} failed with error {err}")
+
+
+_runtime: _Runtime | None = None
+
+
+class Kernel:
+    """One kernel of a loaded module, with its preallocated argument buffer."""
+
+    def __init__(self, runtime: _Runtime, handle: int, name: str, signature: str):
+        self.name = name
+        self.signature = signature
+        self._rt = runtime
+        self._fn = handle
+        self._pack = _packer(signature)
+        self._buf = ctypes.create_string_buffer(self._pack.size)
+        self._size = ctypes.c_size_t(self._pack.size)
+        self._extra = (ctypes.c_void_p * 5)(
+            1, ctypes.addressof(self._buf), 2, ctypes.addressof(self._size), runtime.end_marker
+        )
+
+    def __call__(self, grid: tuple[int, int, int], block: int, stream: int, *args) -> None:
+        """Launch on ``stream`` (a raw stream handle); ``args`` match ``signature``."""
+        self._pack.pack_into(self._buf, 0, *args)
+        err = self._rt.launch(
+            self._fn, grid[0], grid[1], grid[2], block, 1, 1, 0, stream, None, self._extra
+        )
+        if err != 0:
+            self._rt.check(err, f"ModuleLaunchKernel({self.name})")
+
+
+class Module:
+    """A code object loaded on one device: its kernels by name."""
+
+    def __init__(self, path: Path, kernels: dict[str, str], device: int):
+        global _runtime
+        if _runtime is None:
+            _runtime = _Runtime()
+        rt = _runtime
+        image = path.read_bytes()
+        self._image = ctypes.create_string_buffer(image, len(image))  # kept alive with the module
+        with torch.cuda.device(device):
+            torch.cuda.synchronize()  # the device's context exists and is current
+            module = ctypes.c_void_p()
+            rt.check(rt.load_data(ctypes.byref(module), self._image), "ModuleLoadData")
+            self.kernels = {}
+            for name, signature in kernels.items():
+                fn = ctypes.c_void_p()
+                rt.check(
+                    rt.get_function(ctypes.byref(fn), module, name.encode()),
+                    f"ModuleGetFunction({name})",
+                )
+                self.kernels[name] = Kernel(rt, fn.value, name, signature)
+        self.path = path
+
+
+def load(stem: str, kernels: dict[str, str], device: int) -> Module:
+    """Load ``_kernels/<stem>.<arch>.co`` on ``device``; raises OSError/RuntimeError saying why
+    it cannot."""
+    arch = code_object_arch(device)
+    if arch is None:
+        raise RuntimeError("no GPU")
+    path = KERNEL_DIR / f"{stem}.{arch}.co"
+    if not path.is_file():
+        raise OSError(f"no code object for {arch}: {path} is missing")
+    return Module(path, kernels, device)
+
+
+def stream_handle(device: int) -> int:
+    """The raw handle of torch's current stream on ``device``."""
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+class Scratch:
+    """Persistent int32 device buffers, one a device, grown outside graph capture only. A grown
+    buffer keeps the old ones alive, so graphs captured with them stay valid."""
+
+    def __init__(self):
+        self._bufs: dict[int, list[torch.Tensor]] = {}
+
+    def get(self, device: int, numel: int) -> torch.Tensor | None:
+        bufs = self._bufs.setdefault(device, [])
+        if bufs and bufs[-1].numel() >= numel:
+            return bufs[-1]
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        size = max(numel, 2 * bufs[-1].numel() if bufs else numel)
+        bufs.append(torch.empty(size, dtype=torch.int32, device=f"cuda:{device}"))
+        return bufs[-1]

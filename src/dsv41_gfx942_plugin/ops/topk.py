@@ -1,0 +1,407 @@
+"""Top-512 selection for DeepSeek-V4.1's sparse indexer decode path (``hip/topk512.hip``).
+
+vLLM 0.33's decode indexer picks each row's 512 best columns with its generic top-k, which on
+gfx942 sends every -inf logit of a candidate-masked row to one LDS histogram bin with an
+atomic, and selects layer 20's candidate blocks with three launches and a sort. The kernels here
+do the same work from a code object compiled ahead of time (no compiler at run time): the
+functions below launch them, and the hooks (``decode_top_k``, ``candidate_top_k``,
+``select_candidates``, ``skip_decode_fill``) return False, having written nothing, for any call
+they cannot take, so vLLM's op runs instead.
+
+Call :func:`build` at a warm-up point (model load), after the device is set and outside stream
+capture. Every launch goes on torch's current stream, reads row lengths on the device and uses
+persistent scratch, so a CUDA graph captured once is right at every replay.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _launcher
+
+try:
+    from .._log import logger
+except ImportError:  # vLLM absent (the bare GPU test machine): a plain logger of the same name
+    import logging
+
+    logger = logging.getLogger("vllm.plugins.dsv41_gfx942")
+
+__all__ = [
+    "build",
+    "top_k_per_row_decode_512",
+    "decode_top_k",
+    "candidate_top_k",
+    "select_candidates",
+    "compact_top_k_512",
+    "skip_decode_fill",
+]
+
+TOPK = 512
+# A workgroup of the register path holds 16384 logits (1024 threads x 16 registers), and the
+# merge holds up to 64 chunks of 512 candidates: rows of up to 1M logits.
+CHUNK = 16384
+MAX_CHUNKS = 64
+# The general path's defaults, vLLM's in-tree gfx942 values: a row is split into one block for
+# every MIN_CHUNK live logits, up to MAX_BLOCKS blocks (222 us against 543 us for vLLM's kernel
+# over the 8 calls of a 128k step on MI325X; 16 blocks took 294 us).
+MAX_BLOCKS = 8
+MIN_CHUNK = 16384
+# Candidate top-k: at most 2048 blocks (LDS hash table) and 16384 columns (registers) a row.
+MAX_CANDIDATE_BLOCKS = 2048
+MAX_CANDIDATE_COLUMNS = CHUNK
+# Candidate selection keeps up to 32768 block scores of a row in registers.
+MAX_SELECT_BLOCKS = 32768
+
+# Kernel name -> C parameters (P pointer, q int64, i int32); checked against the code object's
+# argument metadata in tests/test_topk_build.py.
+_TOPK_SIG = "PqiPiiPqPPii"
+KERNELS = {
+    "dsv_topk512_chunks": _TOPK_SIG,
+    "dsv_topk512_chunks_stream": _TOPK_SIG,
+    "dsv_topk512_merge": _TOPK_SIG,
+    "dsv_topk512_candidates": "PqiPiiPqPqii",
+    "dsv_topk512_compact": "PqPqiPiiPq",
+    "dsv_select_blocks": "PqiPiiPqi",
+}
+_BLOCK = 1024
+# The device type the hooks take (ROCm tensors are "cuda" tensors too); the CPU gating tests
+# set it to "cpu" together with fake kernels.
+_GPU_TYPE = "cuda"
+
+_modules: dict[int, _launcher.Module | None] = {}
+_scratch = _launcher.Scratch()
+
+
+def build() -> bool:
+    """Load the shipped code object on the current device once; whether the kernels are
+    available. When it cannot (no code object for this GPU, a runtime error), log one warning
+    and return False: every hook then returns False and vLLM's ops run."""
+    if not torch.cuda.is_available():
+        return False
+    device = torch.cuda.current_device()
+    if device in _modules:
+        return _modules[device] is not None
+    if torch.cuda.is_current_stream_capturing():
+        return False  # never load inside capture; a later call outside it loads
+    try:
+        _modules[device] = _launcher.load("topk512", KERNELS, device)
+    except Exception as err:  # any failure keeps vLLM's ops: log it once
+        _modules[device] = None
+        logger.warning("dsv41_gfx942 top-k kernels unavailable, vLLM's ops run instead: %s", err)
+    return _modules[device] is not None
+
+
+def _kernels(t: torch.Tensor) -> dict[str, _launcher.Kernel] | None:
+    """The loaded kernels for t's device, when they are loaded and that device is current."""
+    if not t.is_cuda or t.device.index != torch.cuda.current_device() or not build():
+        return None
+    return _modules[t.device.index].kernels
+
+
+def _is_int32_lens(seq_lens: torch.Tensor, rows: int, next_n: int, device) -> bool:
+    if seq_lens.dtype != torch.int32 or seq_lens.device != device or not seq_lens.is_contiguous():
+        return False
+    if seq_lens.dim() == 2:
+        return seq_lens.numel() >= rows
+    return seq_lens.dim() == 1 and seq_lens.numel() * next_n >= rows
+
+
+def _is_index_out(indices: torch.Tensor, rows: int, width: int, device) -> bool:
+    return (
+        indices.dtype == torch.int32
+        and indices.dim() == 2
+        and indices.device == device
+        and indices.shape[0] >= rows
+        and indices.shape[1] >= width
+        and indices.stride(1) == 1
+    )
+
+
+def _is_logits(logits: torch.Tensor) -> bool:
+    return (
+        logits.dtype == torch.float32
+        and logits.dim() == 2
+        and logits.device.type == _GPU_TYPE
+        and logits.stride(1) == 1
+        and logits.shape[1] < 2**31
+    )
+
+
+def _register_path(logits: torch.Tensor) -> bool:
+    return (
+        logits.stride(0) % 4 == 0
+        and logits.data_ptr() % 16 == 0
+        and logits.shape[1] <= MAX_CHUNKS * CHUNK
+    )
+
+
+def _why_not_decode(logits, next_n, seq_lens, indices) -> str | None:
+    if not isinstance(logits, torch.Tensor) or not _is_logits(logits):
+        return "logits must be a float32 CUDA tensor [rows, width] with unit column stride"
+    if not isinstance(next_n, int) or next_n < 1:
+        return f"next_n must be an int >= 1, got {next_n!r}"
+    rows = logits.shape[0]
+    if not _is_int32_lens(seq_lens, rows, next_n, logits.device):
+        return (
+            f"seq_lens {tuple(seq_lens.shape)} must be contiguous int32 on {logits.device}, "
+            f"one length a row (2-D) or a request (1-D) for {rows} rows, next_n {next_n}"
+        )
+    if not _is_index_out(indices, rows, TOPK, logits.device):
+        return (
+            f"indices {tuple(indices.shape)} must be int32 [>= {rows}, >= {TOPK}] with unit "
+            f"column stride on {logits.device}"
+        )
+    return None
+
+
+def _launch_decode(kernels, logits, next_n, seq_lens, indices, register, max_blocks, min_chunk):
+    """Launch the decode top-512; False (nothing launched) when scratch cannot be had."""
+    rows, width = logits.shape
+    if rows == 0:
+        return True
+    if register:
+        first, max_chunks, min_chunk = "dsv_topk512_chunks", -(-width // CHUNK), CHUNK
+    else:
+        first, max_chunks = "dsv_topk512_chunks_stream", max_blocks
+    max_chunks = max(max_chunks, 1)
+    device = logits.device.index
+    scratch = _scratch.get(device, 2 * rows * max_chunks * TOPK) if max_chunks > 1 else None
+    if max_chunks > 1 and scratch is None:
+        return False
+    keys = ids = 0
+    if scratch is not None:
+        keys = scratch.data_ptr()
+        ids = keys + 4 * rows * max_chunks * TOPK
+    args = (
+        logits.data_ptr(),
+        logits.stride(0),
+        width,
+        seq_lens.data_ptr(),
+        int(seq_lens.dim() == 1),
+        next_n,
+        indices.data_ptr(),
+        indices.stride(0),
+        keys,
+        ids,
+        max_chunks,
+        min_chunk,
+    )
+    stream = _launcher.stream_handle(device)
+    kernels[first]((max_chunks, rows, 1), _BLOCK, stream, *args)
+    if max_chunks > 1:
+        kernels["dsv_topk512_merge"]((rows, 1, 1), _BLOCK, stream, *args)
+    return True
+
+
+def top_k_per_row_decode_512(
+    logits: torch.Tensor,
+    next_n: int,
+    seq_lens: torch.Tensor,
+    indices: torch.Tensor,
+    max_blocks: int = MAX_BLOCKS,
+    min_chunk: int = MIN_CHUNK,
+    register_select: bool = True,
+) -> None:
+    """vLLM's ``top_k_per_row_decode`` with topK 512: ``indices[r, :512]`` gets the column ids
+    of row r's 512 largest logits (torch.topk's order: NaN above +inf), in no order; a row whose
+    end is <= 512 gets ``0..end-1`` then -1. Row ends: 2-D ``seq_lens`` -> ``seq_lens.view(-1)
+    [r]``; 1-D -> ``seq_lens[r // next_n] - next_n + r % next_n + 1`` (causal); clamped to
+    ``[0, width]``. Rows 16-byte aligned (and ``register_select``) take the register path:
+    chunks of 16384 logits read once, then a merge launch. Others split a row into at most
+    ``max_blocks`` (<= 64) chunks of at least ``min_chunk`` logits, read at each radix pass.
+    Raises ValueError/TypeError for inputs it cannot take."""
+    why = _why_not_decode(logits, next_n, seq_lens, indices)
+    if why is not None:
+        raise TypeError(why) if not isinstance(logits, torch.Tensor) else ValueError(why)
+    register = register_select and _register_path(logits)
+    if not register and not (1 <= max_blocks <= MAX_CHUNKS and min_chunk >= 1):
+        raise ValueError(f"max_blocks must be in [1, {MAX_CHUNKS}] and min_chunk >= 1")
+    kernels = _kernels(logits)
+    if kernels is None:
+        raise RuntimeError("the top-k kernels are not loaded on this device (see build())")
+    if not _launch_decode(
+        kernels, logits, next_n, seq_lens, indices, register, max_blocks, min_chunk
+    ):
+        raise RuntimeError("top-k scratch must grow, which it cannot during graph capture")
+
+
+def decode_top_k(logits, next_n, seq_lens, indices, topk_tokens) -> bool:
+    """The hook in front of vLLM's ``top_k_per_row_decode`` in the indexer decode path: runs
+    :func:`top_k_per_row_decode_512` and returns True, or returns False having written nothing
+    (topK != 512, dtypes, strides, sizes, kernels not loaded)."""
+    if topk_tokens != TOPK or _why_not_decode(logits, next_n, seq_lens, indices) is not None:
+        return False
+    kernels = _kernels(logits)
+    if kernels is None:
+        return False
+    register = _register_path(logits)
+    return _launch_decode(
+        kernels, logits, next_n, seq_lens, indices, register, MAX_BLOCKS, MIN_CHUNK
+    )
+
+
+def candidate_top_k(logits, next_n, seq_lens, candidates, block_size, indices, topk_tokens) -> bool:
+    """Layers 24-36: each row's top 512 among the columns of its candidate blocks
+    (``candidates[r]``: int32 block ids, -1 anywhere, any order, duplicates allowed; block b
+    covers columns ``[b * block_size, (b + 1) * block_size)``), reading only those columns
+    instead of masking the whole row. The set equals vLLM's candidate mask followed by its
+    top-k (ties at the cut aside), except that a row longer than 512 with fewer than 512 live
+    candidate columns gets all of them and then -1 (vLLM's path would add arbitrary masked
+    columns). Rows end as the top-k's (2-D lengths; with 1-D ones, the causal end). False,
+    having written nothing, for a call it cannot take."""
+    if topk_tokens != TOPK or _why_not_decode(logits, next_n, seq_lens, indices) is not None:
+        return False
+    rows = logits.shape[0]
+    if not (
+        isinstance(block_size, int)
+        and block_size >= 1
+        and isinstance(candidates, torch.Tensor)
+        and candidates.dtype == torch.int32
+        and candidates.dim() == 2
+        and candidates.device == logits.device
+        and candidates.shape[0] >= rows
+        and 1 <= candidates.shape[1] <= MAX_CANDIDATE_BLOCKS
+        and candidates.stride(1) == 1
+        and candidates.shape[1] * block_size <= MAX_CANDIDATE_COLUMNS
+    ):
+        return False
+    kernels = _kernels(logits)
+    if kernels is None:
+        return False
+    if rows:
+        kernels["dsv_topk512_candidates"](
+            (rows, 1, 1),
+            _BLOCK,
+            _launcher.stream_handle(logits.device.index),
+            logits.data_ptr(),
+            logits.stride(0),
+            logits.shape[1],
+            seq_lens.data_ptr(),
+            int(seq_lens.dim() == 1),
+            next_n,
+            indices.data_ptr(),
+            indices.stride(0),
+            candidates.data_ptr(),
+            candidates.stride(0),
+            candidates.shape[1],
+            block_size,
+        )
+    return True
+
+
+def compact_top_k_512(logits, ids, seq_lens, next_n, indices) -> bool:
+    """Top-512 over compact candidate rows: entry i of row r is ``(logits[r, i], ids[r, i])``,
+    ``ids`` -1 where there is no entry, distinct ids otherwise (rows of <= 16384 entries).
+    ``indices[r]`` gets the ids of the 512 largest entries, in no order, then -1 when fewer;
+    a row whose end (as in :func:`top_k_per_row_decode_512`) is <= 512 gets ``0..end-1``
+    then -1. Returns False, having written nothing, for a call it cannot take."""
+    if not (
+        isinstance(logits, torch.Tensor)
+        and _is_logits(logits)
+        and isinstance(ids, torch.Tensor)
+        and ids.dtype == torch.int32
+        and ids.shape == logits.shape
+        and ids.stride(1) == 1
+        and ids.device == logits.device
+        and logits.shape[1] <= CHUNK
+        and isinstance(next_n, int)
+        and next_n >= 1
+    ):
+        return False
+    rows = logits.shape[0]
+    if not (
+        _is_int32_lens(seq_lens, rows, next_n, logits.device)
+        and _is_index_out(indices, rows, TOPK, logits.device)
+    ):
+        return False
+    kernels = _kernels(logits)
+    if kernels is None:
+        return False
+    if rows:
+        kernels["dsv_topk512_compact"](
+            (rows, 1, 1),
+            _BLOCK,
+            _launcher.stream_handle(logits.device.index),
+            logits.data_ptr(),
+            logits.stride(0),
+            ids.data_ptr(),
+            ids.stride(0),
+            logits.shape[1],
+            seq_lens.data_ptr(),
+            int(seq_lens.dim() == 1),
+            next_n,
+            indices.data_ptr(),
+            indices.stride(0),
+        )
+    return True
+
+
+def select_candidates(logits, next_n, seq_lens, block_size, candidates) -> bool:
+    """Layer 20: one launch writes each row's candidate blocks, the same set of block ids as
+    vLLM's ``_select_candidate_blocks`` in any order (ties at the cut aside): block b scores
+    the NaN-propagating max of the row's columns ``[b * block_size, ...)`` below
+    ``min(end, width)``, the newest block ``(end - 1) // block_size`` is pinned to +inf, the
+    ``candidates.shape[1]`` best are kept, -1 for blocks scoring -inf and for the rest. Row
+    ends as vLLM's candidate code takes them: ``seq_lens.reshape(-1)``, repeated ``next_n``
+    times when it holds one length a request (every draft row uses the request's length).
+    False, having written nothing, for a call it cannot take."""
+    if not (isinstance(logits, torch.Tensor) and _is_logits(logits)):
+        return False
+    rows, width = logits.shape
+    if not (
+        isinstance(next_n, int)
+        and next_n >= 1
+        and isinstance(block_size, int)
+        and block_size >= 1
+        and isinstance(seq_lens, torch.Tensor)
+        and seq_lens.dtype == torch.int32
+        and seq_lens.is_contiguous()
+        and seq_lens.device == logits.device
+        and isinstance(candidates, torch.Tensor)
+        and candidates.dtype == torch.int32
+        and candidates.dim() == 2
+        and candidates.device == logits.device
+        and candidates.shape[0] >= rows
+        and candidates.shape[1] >= 1
+        and candidates.stride(1) == 1
+        and -(-width // block_size) <= MAX_SELECT_BLOCKS
+    ):
+        return False
+    ends = seq_lens.numel()
+    rep = 1 if ends == rows else next_n
+    if ends * rep < rows:
+        return False
+    kernels = _kernels(logits)
+    if kernels is None:
+        return False
+    if rows:
+        kernels["dsv_select_blocks"](
+            (rows, 1, 1),
+            _BLOCK,
+            _launcher.stream_handle(logits.device.index),
+            logits.data_ptr(),
+            logits.stride(0),
+            width,
+            seq_lens.data_ptr(),
+            rep,
+            block_size,
+            candidates.data_ptr(),
+            candidates.stride(0),
+            candidates.shape[1],
+        )
+    return True
+
+
+def skip_decode_fill(has_prefill, num_decode_tokens, num_tokens, decode) -> bool:
+    """Whether the indexer decode path may skip vLLM's ``topk_indices_buffer[:num_tokens] = -1``:
+    only when the kernels are loaded, the step has no prefill, its decode rows are not padded,
+    and they are all ``num_tokens`` rows (``hidden_states.shape[0]``, graph padding included).
+    The decode top-k then writes every entry of every row (this module's kernels and vLLM's
+    ``top_k_per_row_decode`` both write -1 past a short row's end)."""
+    return (
+        not has_prefill
+        and decode is not None
+        and not getattr(decode, "requires_padding", True)
+        and num_decode_tokens == num_tokens
+        and build()
+    )

@@ -1,0 +1,134 @@
+"""Exact torch references for ops/topk.py, and the checks that compare a kernel's output to them.
+
+Ranking is torch.topk's order, computed exactly on an order-preserving int64 key of each fp32
+value (NaN above +inf, -0 equal to +0). A kernel's row is right when its entries are distinct
+columns of the row and the multiset of their keys equals the reference's top keys: any index
+set that differs only by ties at the cut passes, any other fails.
+"""
+
+from __future__ import annotations
+
+import torch
+
+TOPK = 512
+
+
+def order_key(x: torch.Tensor) -> torch.Tensor:
+    """int64 keys in torch.topk order: NaN > +inf > ... > -inf; -0 == +0."""
+    bits = x.float().contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    bits = torch.where(bits == 0x80000000, torch.zeros_like(bits), bits)
+    key = torch.where(bits >= 0x80000000, (~bits) & 0xFFFFFFFF, bits | 0x80000000)
+    return torch.where(torch.isnan(x), torch.full_like(key, 0xFFFFFFFF), key)
+
+
+def decode_row_ends(seq_lens: torch.Tensor, rows: int, next_n: int, width: int) -> list[int]:
+    """vLLM's decode top-k row ends: 2-D -> seq_lens.view(-1)[r]; 1-D -> causal; clamped."""
+    lens = seq_lens.flatten().tolist()
+    if seq_lens.dim() == 2:
+        ends = [lens[r] for r in range(rows)]
+    else:
+        ends = [lens[r // next_n] - next_n + r % next_n + 1 for r in range(rows)]
+    return [min(max(e, 0), width) for e in ends]
+
+
+def select_row_ends(seq_lens: torch.Tensor, rows: int, next_n: int) -> list[int]:
+    """vLLM's candidate-code row ends: seq_lens.reshape(-1), repeated next_n times when it
+    holds one length a request."""
+    lens = seq_lens.reshape(-1)
+    if lens.numel() != rows:
+        lens = lens.repeat_interleave(next_n)
+    return lens[:rows].tolist()
+
+
+def check_row(out: torch.Tensor, keys: torch.Tensor, cols: torch.Tensor, k: int, what: str):
+    """``out`` (one row of ids, CPU) must hold min(k, len(cols)) distinct members of ``cols``
+    (the row's eligible ids, CPU, with their ``keys``) whose keys are the top keys as a
+    multiset, then -1 up to k."""
+    n = min(k, cols.numel())
+    got = out[:n]
+    assert bool((out[n:k] == -1).all()), f"{what}: expected -1 after {n} entries"
+    assert got.unique().numel() == n, f"{what}: repeated ids"
+    order = cols.argsort()
+    sorted_cols = cols[order]
+    at = torch.searchsorted(sorted_cols, got.long()).clamp(max=max(cols.numel() - 1, 0))
+    found = sorted_cols[at] == got.long() if cols.numel() else torch.zeros(n, dtype=torch.bool)
+    assert bool(found.all()), f"{what}: ids outside the eligible set: {got[~found][:8].tolist()}"
+    idx = order[at]
+    want = keys.sort(descending=True).values[:n]
+    have = keys[idx].sort(descending=True).values
+    bad = int((want != have).sum())
+    assert bad == 0, f"{what}: {bad} of {n} values differ from the reference top-{k}"
+
+
+def check_decode(logits, next_n, seq_lens, indices, what=""):
+    """Every row of a decode top-512 against torch (all of ``logits`` is compared on CPU)."""
+    logits, indices = logits.float().cpu(), indices.cpu()
+    rows, width = logits.shape
+    for r, end in enumerate(decode_row_ends(seq_lens.cpu(), rows, next_n, width)):
+        row = indices[r, :TOPK]
+        if end <= TOPK:
+            want = torch.tensor([j if j < end else -1 for j in range(TOPK)], dtype=row.dtype)
+            assert torch.equal(row, want), f"{what} row {r} (end {end}): not 0..end-1, -1"
+            continue
+        check_row(row, order_key(logits[r, :end]), torch.arange(end), TOPK, f"{what} row {r}")
+
+
+def candidate_columns(cands_row: torch.Tensor, block_size: int, end: int) -> torch.Tensor:
+    """The distinct live columns of a row's candidate blocks (sorted)."""
+    blocks = cands_row[cands_row >= 0].unique().to(torch.int64)
+    cols = (blocks[:, None] * block_size + torch.arange(block_size)).flatten()
+    return cols[cols < end].sort().values
+
+
+def check_candidates(logits, next_n, seq_lens, candidates, block_size, indices, what=""):
+    """candidate_top_k against the mask-then-top-k reference on each row's candidate columns."""
+    logits, indices, candidates = logits.float().cpu(), indices.cpu(), candidates.cpu()
+    rows, width = logits.shape
+    for r, end in enumerate(decode_row_ends(seq_lens.cpu(), rows, next_n, width)):
+        row = indices[r, :TOPK]
+        if end <= TOPK:
+            want = torch.tensor([j if j < end else -1 for j in range(TOPK)], dtype=row.dtype)
+            assert torch.equal(row, want), f"{what} row {r} (end {end}): not 0..end-1, -1"
+            continue
+        cols = candidate_columns(candidates[r], block_size, end)
+        check_row(row, order_key(logits[r, cols]), cols, TOPK, f"{what} row {r}")
+
+
+def check_compact(logits, ids, next_n, seq_lens, indices, what=""):
+    """compact_top_k_512 against torch on each row's entries whose id is >= 0."""
+    logits, ids, indices = logits.float().cpu(), ids.cpu(), indices.cpu()
+    rows = logits.shape[0]
+    for r, end in enumerate(decode_row_ends(seq_lens.cpu(), rows, next_n, 2**31 - 1)):
+        row = indices[r, :TOPK]
+        if end <= TOPK:
+            want = torch.tensor([j if j < end else -1 for j in range(TOPK)], dtype=row.dtype)
+            assert torch.equal(row, want), f"{what} row {r} (end {end}): not 0..end-1, -1"
+            continue
+        live = ids[r] >= 0
+        check_row(row, order_key(logits[r][live]), ids[r][live].long(), TOPK, f"{what} row {r}")
+
+
+def block_scores(logits: torch.Tensor, end: int, block_size: int) -> torch.Tensor:
+    """vLLM's block scores of one row: NaN-propagating max over columns < min(end, width),
+    -inf for empty blocks, the newest block pinned to +inf (only blocks below the width)."""
+    width = logits.numel()
+    nblocks = -(-width // block_size)
+    padded = torch.full((nblocks * block_size,), float("-inf"))
+    live = min(max(end, 0), width)
+    padded[:live] = logits[:live]
+    scores = padded.view(nblocks, block_size).amax(-1)
+    newest = (end - 1) // block_size
+    if end > 0 and newest < nblocks:
+        scores[newest] = float("inf")
+    return scores
+
+
+def check_select(logits, next_n, seq_lens, block_size, candidates, what=""):
+    """select_candidates against vLLM's _select_candidate_blocks contract as sets: the kept
+    blocks are the top min(K, live) block scores, where a -inf score is not kept."""
+    logits, candidates = logits.float().cpu(), candidates.cpu()
+    rows, k = logits.shape[0], candidates.shape[1]
+    for r, end in enumerate(select_row_ends(seq_lens.cpu(), rows, next_n)):
+        scores = block_scores(logits[r], end, block_size)
+        live = torch.nonzero(scores != float("-inf")).flatten()
+        check_row(candidates[r], order_key(scores[live]), live, k, f"{what} row {r}")

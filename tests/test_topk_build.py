@@ -1,0 +1,118 @@
+"""The gfx942 code object of hip/topk512.hip, inspected on the CPU (CI builds the real one).
+
+It must be an AMDGPU ELF holding every kernel ops/topk.py launches, with no register spills, no
+scratch, LDS within 64 KiB, and argument metadata matching the launcher's packing; and no
+architecture #if may appear outside hip/portability.h.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dsv41_gfx942_plugin.ops import _launcher, topk
+
+ROOT = Path(__file__).resolve().parent.parent
+HIP = ROOT / "hip"
+
+
+def _readelf() -> str | None:
+    for name in ("llvm-readelf-19", "llvm-readelf", "/usr/lib/llvm-19/bin/llvm-readelf"):
+        if found := shutil.which(name):
+            return found
+    return None
+
+
+@pytest.fixture(scope="module")
+def code_object(tmp_path_factory) -> Path:
+    """The shipped gfx942 object if the wheel build made one, else one built here."""
+    shipped = _launcher.KERNEL_DIR / "topk512.gfx942.co"
+    if shipped.is_file() and shipped.stat().st_mtime >= (HIP / "topk512.hip").stat().st_mtime:
+        return shipped
+    out = tmp_path_factory.mktemp("kernels")
+    proc = subprocess.run(
+        [sys.executable, str(HIP / "build.py"), "--arch", "gfx942", "--out", str(out)],
+        capture_output=True,
+        text=True,
+    )
+    built = out / "topk512.gfx942.co"
+    if not built.is_file():
+        pytest.skip(f"no gfx942 compiler here (hip/build.py: {proc.stderr.strip()[-300:]})")
+    return built
+
+
+@pytest.fixture(scope="module")
+def metadata(code_object) -> dict[str, dict]:
+    readelf = _readelf()
+    if readelf is None:
+        pytest.skip("llvm-readelf is not installed")
+    notes = subprocess.run(
+        [readelf, "--notes", str(code_object)], capture_output=True, text=True, check=True
+    ).stdout
+    doc = notes[notes.index("---") : notes.rindex("...") + 3]
+    return {k[".name"]: k for k in yaml.safe_load(doc)["amdhsa.kernels"]}
+
+
+def test_is_amdgpu_elf(code_object):
+    head = code_object.read_bytes()[:20]
+    assert head[:4] == b"\x7fELF"
+    assert int.from_bytes(head[18:20], "little") == 224  # EM_AMDGPU
+
+
+def test_every_kernel_present(metadata):
+    assert set(topk.KERNELS) <= set(metadata), sorted(set(topk.KERNELS) - set(metadata))
+
+
+@pytest.mark.parametrize("name", sorted(topk.KERNELS))
+def test_resources(metadata, name):
+    k = metadata[name]
+    assert k[".wavefront_size"] == 64
+    assert k[".vgpr_spill_count"] == 0, "VGPRs spilled"
+    assert k[".sgpr_spill_count"] == 0, "SGPRs spilled"
+    assert k[".private_segment_fixed_size"] == 0, "uses scratch memory"
+    assert k[".group_segment_fixed_size"] <= 64 * 1024, "LDS over 64 KiB"
+    assert k[".max_flat_workgroup_size"] >= 1024  # the launcher's workgroup size
+
+
+@pytest.mark.parametrize("name", sorted(topk.KERNELS))
+def test_argument_layout_matches_launcher(metadata, name):
+    signature = topk.KERNELS[name]
+    args = [a for a in metadata[name][".args"] if not a[".value_kind"].startswith("hidden_")]
+    assert [(a[".offset"], a[".size"]) for a in args] == _launcher.arg_layout(signature)
+    pointers = [a[".value_kind"] == "global_buffer" for a in args]
+    assert pointers == [c == "P" for c in signature]
+    packed = _launcher._packer(signature).size
+    assert packed == args[-1][".offset"] + args[-1][".size"]
+    if len(args) == len(metadata[name][".args"]):  # no hidden arguments after ours
+        assert packed == metadata[name][".kernarg_segment_size"]
+
+
+ARCH_MACRO = re.compile(
+    r"^\s*#\s*(if|ifdef|ifndef|elif)\b.*\b(__HIP\w*|__CUDA\w*|__NVCC__|__AMDGCN\w*|__gfx\w+|"
+    r"__HIPCC__|__NVPTX__|__SPIRV__|DSV_WAVE|__AMDGPU\w*|__HIP_DEVICE_COMPILE__)",
+    re.MULTILINE,
+)
+
+
+def arch_conditionals(text: str) -> list[str]:
+    return [m.group(0).strip() for m in ARCH_MACRO.finditer(text)]
+
+
+def test_arch_conditionals_only_in_portability_header():
+    sources = [p for p in HIP.iterdir() if p.suffix in (".hip", ".h", ".hpp", ".cuh")]
+    assert any(p.name == "topk512.hip" for p in sources)
+    found = {p.name: arch_conditionals(p.read_text()) for p in sources}
+    found = {k: v for k, v in found.items() if v and k != "portability.h"}
+    assert not found, f"architecture #if outside hip/portability.h: {found}"
+    assert arch_conditionals((HIP / "portability.h").read_text())  # the check sees them
+
+
+def test_arch_conditional_pattern():
+    assert arch_conditionals("#if defined(__HIP__)\n# ifdef __CUDA_ARCH__\n#elif DSV_WAVE == 64")
+    assert not arch_conditionals("#pragma unroll\n#define DSV_WAVE 64\n// #if __HIP__ no")

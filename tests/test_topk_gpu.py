@@ -1,0 +1,297 @@
+"""ops/topk.py on a GPU (an NVIDIA H200 through the sm_90 build, or gfx942) against the exact
+torch references of tests/ref_topk.py: random and adversarial rows, both row-end forms, strides,
+and CUDA-graph capture and replay with changed lengths."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ref_topk as ref
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("no GPU", allow_module_level=True)
+
+from dsv41_gfx942_plugin.ops import _launcher, topk  # noqa: E402
+
+if not topk.build():
+    pytest.skip(
+        f"no loadable top-k code object for {_launcher.code_object_arch()} under "
+        f"{_launcher.KERNEL_DIR} (build it: python hip/build.py --arch sm_90)",
+        allow_module_level=True,
+    )
+
+DEV = "cuda"
+NEG = float("-inf")
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator(device=DEV).manual_seed(seed)
+
+
+def make_logits(rows, width, kind="randn", seed=0, stride=None):
+    """[rows, width] fp32 logits, optionally a view with row stride ``stride``."""
+    g = _gen(seed)
+    base = torch.randn(rows, stride or width, device=DEV, generator=g)
+    x = base[:, :width]
+    if kind == "ties":  # few distinct values: ties everywhere, also at the cut
+        x.copy_(torch.randint(0, 3, x.shape, device=DEV, generator=g).float())
+    elif kind == "all_ninf":
+        x.fill_(NEG)
+    elif kind == "masked":  # 7 of 8 blocks of 8 columns at -inf, as the candidate mask leaves
+        keep = torch.rand(rows, -(-width // 8), device=DEV, generator=g) < 0.125
+        x.masked_fill_(~keep.repeat_interleave(8, 1)[:, :width], NEG)
+    elif kind == "sparse_finite":  # fewer finite values than 512 in most chunks
+        keep = torch.rand(x.shape, device=DEV, generator=g) < 0.01
+        x.masked_fill_(~keep, NEG)
+    elif kind == "specials":  # +inf, NaN, -0, +0, -inf sprinkled over random values
+        u = torch.rand(x.shape, device=DEV, generator=g)
+        x.masked_fill_(u < 0.002, float("inf"))
+        x.masked_fill_((u >= 0.002) & (u < 0.003), float("nan"))
+        x.masked_fill_((u >= 0.003) & (u < 0.01), -0.0)
+        x.masked_fill_((u >= 0.01) & (u < 0.02), 0.0)
+        x.masked_fill_((u >= 0.02) & (u < 0.1), NEG)
+    elif kind == "equal":  # one value everywhere
+        x.fill_(1.5)
+    return x
+
+
+def lens_2d(ends):
+    return torch.tensor(ends, dtype=torch.int32, device=DEV).view(-1, 1)
+
+
+def out_buf(rows, width=512, stride=512):
+    return torch.full((rows, stride), 12345, dtype=torch.int32, device=DEV)[:, :width]
+
+
+DECODE_CASES = [
+    # rows, width, ends (None: random), kind
+    (1, 700, [700], "randn"),
+    (6, 16384, None, "randn"),
+    (6, 16385, [16385, 16384, 513, 512, 1, 0], "randn"),
+    (6, 131072, None, "randn"),
+    (6, 131072, None, "masked"),
+    (6, 131072, None, "ties"),
+    (6, 131072, None, "all_ninf"),
+    (6, 131072, None, "sparse_finite"),
+    (6, 131072, None, "specials"),
+    (4, 100000, None, "equal"),
+    (2, 1 << 20, [1 << 20, (1 << 20) - 77], "randn"),
+    (2, 1 << 20, [1 << 20, 999_983], "masked"),
+    (256, 3000, None, "randn"),
+    (33, 40000, None, "specials"),
+]
+
+
+@pytest.mark.parametrize("rows,width,ends,kind", DECODE_CASES)
+@pytest.mark.parametrize("register", [True, False])
+def test_decode_2d(rows, width, ends, kind, register):
+    logits = make_logits(rows, width, kind, seed=rows + width)
+    if ends is None:
+        g = torch.Generator().manual_seed(width)
+        ends = torch.randint(1, width + 1, (rows,), generator=g).tolist()
+        ends[0] = width
+    seq = lens_2d(ends)
+    idx = out_buf(rows)
+    topk.top_k_per_row_decode_512(logits, 1, seq, idx, register_select=register)
+    ref.check_decode(logits, 1, seq, idx, f"{kind} {rows}x{width}")
+
+
+@pytest.mark.parametrize("next_n", [1, 2, 3, 6])
+def test_decode_causal_1d(next_n):
+    reqs = 5
+    width = 70001
+    lens = torch.tensor([width, 520, 3, 0, 33333], dtype=torch.int32, device=DEV)[:reqs]
+    rows = reqs * next_n
+    logits = make_logits(rows, width, "specials", seed=next_n)
+    idx = out_buf(rows, stride=640)
+    assert topk.decode_top_k(logits, next_n, lens, idx, 512)
+    ref.check_decode(logits, next_n, lens, idx, f"1-D next_n {next_n}")
+
+
+@pytest.mark.parametrize("extra", [0, 4, 3])  # row stride width+extra: aligned, aligned, not
+def test_decode_row_stride(extra):
+    rows, width = 7, 50000
+    logits = make_logits(rows, width, "randn", seed=extra, stride=width + extra)
+    ends = [width, 49999, 20000, 16384, 16385, 600, 512]
+    idx = out_buf(rows)
+    assert topk.decode_top_k(logits, 1, lens_2d(ends), idx, 512)
+    ref.check_decode(logits, 1, lens_2d(ends), idx, f"stride +{extra}")
+
+
+@pytest.mark.parametrize("max_blocks,min_chunk", [(8, 16384), (1, 1), (64, 1000), (3, 100)])
+def test_decode_general_path_splits(max_blocks, min_chunk):
+    rows, width = 5, 300001
+    logits = make_logits(rows, width, "masked", seed=max_blocks)
+    ends = [width, 250000, 100000, 2000, 513]
+    idx = out_buf(rows)
+    topk.top_k_per_row_decode_512(
+        logits, 1, lens_2d(ends), idx, max_blocks, min_chunk, register_select=False
+    )
+    ref.check_decode(logits, 1, lens_2d(ends), idx, f"general {max_blocks}/{min_chunk}")
+
+
+def test_decode_lengths_sweep():
+    """Lengths 1..1M that are multiples of nothing in particular."""
+    ends = [1, 2, 511, 512, 513, 1023, 4097, 16383, 16385, 32769, 65537, 131071, 524289, 1048575]
+    rows, width = len(ends), 1 << 20
+    logits = make_logits(rows, width, "randn", seed=7)
+    idx = out_buf(rows)
+    assert topk.decode_top_k(logits, 1, lens_2d(ends), idx, 512)
+    ref.check_decode(logits, 1, lens_2d(ends), idx, "sweep")
+
+
+def random_candidates(rows, k, nblocks, seed, dup=True, holes=True):
+    g = torch.Generator().manual_seed(seed)
+    c = torch.stack([torch.randperm(nblocks, generator=g)[:k] for _ in range(rows)]).int()
+    if holes:
+        c[torch.rand(c.shape, generator=g) < 0.05] = -1
+    if dup:
+        c[:, 1::97] = c[:, 0:1]
+    return c.to(DEV)
+
+
+@pytest.mark.parametrize("kind", ["randn", "ties", "specials", "all_ninf"])
+@pytest.mark.parametrize("lens_form", ["2d", "1d"])
+def test_candidate_top_k(kind, lens_form):
+    next_n, reqs, width, bs = 3, 2, 131072, 8
+    rows = next_n * reqs
+    logits = make_logits(rows, width, kind, seed=11)
+    cands = random_candidates(rows, 2048, width // bs, seed=3)
+    if lens_form == "2d":
+        seq = lens_2d([width, 131000, 70000, 5000, 600, 300])
+    else:
+        seq = torch.tensor([width, 4000], dtype=torch.int32, device=DEV)
+    idx = out_buf(rows)
+    assert topk.candidate_top_k(logits, next_n, seq, cands, bs, idx, 512)
+    ref.check_candidates(logits, next_n, seq, cands, bs, idx, f"cand {kind} {lens_form}")
+
+
+def test_candidate_few_live_columns():
+    """The documented difference: a long row with fewer than 512 live candidate columns gets
+    them all, then -1."""
+    rows, width, bs = 2, 100000, 8
+    logits = make_logits(rows, width, "randn", seed=5)
+    cands = torch.full((rows, 2048), -1, dtype=torch.int32, device=DEV)
+    cands[0, :10] = torch.arange(10, dtype=torch.int32) * 7  # 80 columns
+    cands[1, 5:70] = torch.arange(65, dtype=torch.int32)  # 520 columns, 3 past the end
+    seq = lens_2d([width, 517])
+    idx = out_buf(rows)
+    assert topk.candidate_top_k(logits, 1, seq, cands, bs, idx, 512)
+    ref.check_candidates(logits, 1, seq, cands, bs, idx, "few live")
+    assert int((idx[0] >= 0).sum()) == 80
+
+
+@pytest.mark.parametrize("kind", ["randn", "ties", "specials"])
+def test_compact_top_k(kind):
+    rows, n = 6, 16384
+    logits = make_logits(rows, n, kind, seed=21)
+    g = torch.Generator().manual_seed(2)
+    ids = torch.stack([torch.randperm(10**6, generator=g)[:n] for _ in range(rows)]).int()
+    ids[torch.rand(ids.shape, generator=g) < 0.1] = -1
+    ids[3, 700:] = -1  # 700 entries, ~630 live
+    ids[4, 520:] = -1  # fewer than 512 live
+    ids = ids.to(DEV)
+    logits.masked_fill_(ids < 0, NEG)
+    seq = lens_2d([10**6, 10**6, 512, 10**6, 10**6, 9000])
+    idx = out_buf(rows)
+    assert topk.compact_top_k_512(logits, ids, seq, 1, idx)
+    ref.check_compact(logits, ids, 1, seq, idx, f"compact {kind}")
+
+
+SELECT_CASES = [
+    # rows, width, ends, kind, k
+    (6, 131072, [131072, 131071, 100000, 16000, 9, 0], "randn", 2048),
+    (6, 131072, None, "specials", 2048),
+    (6, 131072, None, "ties", 2048),
+    (4, 131072, None, "masked", 2048),
+    (3, 20000, [20000, 19999, 25000], "randn", 2048),  # a length past the width
+    (2, 262144, [262144, 200001], "randn", 2048),
+    (5, 10000, None, "all_ninf", 64),
+]
+
+
+@pytest.mark.parametrize("rows,width,ends,kind,k", SELECT_CASES)
+def test_select_candidates(rows, width, ends, kind, k):
+    logits = make_logits(rows, width, kind, seed=width + rows)
+    if ends is None:
+        g = torch.Generator().manual_seed(rows)
+        ends = torch.randint(1, width + 1, (rows,), generator=g).tolist()
+    seq = torch.tensor(ends, dtype=torch.int32, device=DEV)
+    cands = torch.full((rows, k), 777, dtype=torch.int32, device=DEV)
+    assert topk.select_candidates(logits, 1, seq, 8, cands)
+    ref.check_select(logits, 1, seq, 8, cands, f"select {kind}")
+
+
+def test_select_one_length_a_request():
+    next_n, reqs, width = 4, 2, 50000
+    rows = next_n * reqs
+    logits = make_logits(rows, width, "randn", seed=9)
+    seq = torch.tensor([[49001], [777]], dtype=torch.int32, device=DEV)
+    cands = torch.full((rows, 2048), 777, dtype=torch.int32, device=DEV)
+    assert topk.select_candidates(logits, next_n, seq, 8, cands)
+    ref.check_select(logits, next_n, seq, 8, cands, "select per request")
+
+
+def test_select_block_size_not_8():
+    rows, width, bs = 3, 30001, 5
+    logits = make_logits(rows, width, "specials", seed=1, stride=30003)
+    seq = torch.tensor([30001, 29998, 4], dtype=torch.int32, device=DEV)
+    cands = torch.full((rows, 2048), 777, dtype=torch.int32, device=DEV)
+    assert topk.select_candidates(logits, 1, seq, bs, cands)
+    ref.check_select(logits, 1, seq, bs, cands, "select bs 5")
+
+
+def test_cuda_graph_replay_with_changed_lengths():
+    """Capture every hook once, replay with new lengths and logits: the kernels read both on
+    the device, so every replay is right."""
+    rows, width, bs = 6, 131072, 8
+    logits = make_logits(rows, width, "randn", seed=1)
+    seq = lens_2d([width] * rows)
+    seq1 = torch.full((2,), width, dtype=torch.int32, device=DEV)
+    cands = torch.full((rows, 2048), -1, dtype=torch.int32, device=DEV)
+    idx_dec, idx_cand = out_buf(rows), out_buf(rows)
+    ids = torch.arange(rows * 16384, device=DEV, dtype=torch.int32).view(rows, 16384)
+    compact, idx_comp = make_logits(rows, 16384, "randn", seed=2), out_buf(rows)
+
+    def step():
+        assert topk.decode_top_k(logits, 1, seq, idx_dec, 512)
+        assert topk.select_candidates(logits, 3, seq1, bs, cands)
+        assert topk.candidate_top_k(logits, 1, seq, cands, bs, idx_cand, 512)
+        assert topk.compact_top_k_512(compact, ids, seq, 1, idx_comp)
+
+    step()  # warm-up: scratch exists before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for i, ends in enumerate([[width, 5, 600, 70000, 513, 131000], [1, 0, 512, 16385, 99, 4]]):
+        seq.copy_(lens_2d(ends))
+        seq1.copy_(torch.tensor(ends[:2], dtype=torch.int32))
+        logits.copy_(make_logits(rows, width, "specials", seed=10 + i))
+        compact.copy_(make_logits(rows, 16384, "ties", seed=20 + i))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref.check_decode(logits, 1, seq, idx_dec, f"replay {i} decode")
+        ref.check_select(logits, 3, seq1, bs, cands, f"replay {i} select")
+        ref.check_candidates(logits, 1, seq, cands, bs, idx_cand, f"replay {i} cand")
+        ref.check_compact(compact, ids, 1, seq, idx_comp, f"replay {i} compact")
+
+
+def test_hooks_refuse_without_writing():
+    rows, width = 2, 4096
+    logits = make_logits(rows, width)
+    seq = lens_2d([width, 1000])
+    idx = out_buf(rows)
+    cands = torch.zeros((rows, 2048), dtype=torch.int32, device=DEV)
+    assert not topk.decode_top_k(logits, 1, seq, idx, 256)
+    assert not topk.decode_top_k(logits.half(), 1, seq, idx, 512)
+    assert not topk.decode_top_k(logits.t(), 1, seq, idx, 512)
+    assert not topk.decode_top_k(logits, 1, seq.long(), idx, 512)
+    assert not topk.candidate_top_k(logits, 1, seq, cands.long(), 8, idx, 512)
+    assert not topk.candidate_top_k(logits, 1, seq, cands, 16, idx, 512)  # 32768 columns
+    assert not topk.select_candidates(logits, 1, seq.float(), 8, cands)
+    torch.cuda.synchronize()
+    assert bool((idx == 12345).all()) and bool((cands == 0).all())

@@ -1,0 +1,217 @@
+"""The gating of ops/topk.py's hooks, on the CPU: a call a hook cannot take returns False and
+launches nothing (so nothing is written); a call it takes launches the expected kernels with
+arguments that pack into the kernel's layout. The kernels are replaced by recorders."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ref_topk as ref
+from dsv41_gfx942_plugin.ops import _launcher, topk
+
+
+class Recorder:
+    """Stands in for a loaded kernel: records launches and checks the arguments pack."""
+
+    def __init__(self, name, calls):
+        self.name, self.calls = name, calls
+        self.pack = _launcher._packer(topk.KERNELS[name])
+
+    def __call__(self, grid, block, stream, *args):
+        self.pack.pack(*args)  # raises if the arguments do not fit the signature
+        self.calls.append((self.name, grid, block, args))
+
+
+class FakeScratch:
+    def get(self, device, numel):
+        return torch.empty(numel, dtype=torch.int32)
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    launched = []
+    kernels = {name: Recorder(name, launched) for name in topk.KERNELS}
+    monkeypatch.setattr(topk, "_GPU_TYPE", "cpu")
+    monkeypatch.setattr(topk, "_kernels", lambda t: kernels)
+    monkeypatch.setattr(topk, "_scratch", FakeScratch())
+    monkeypatch.setattr(_launcher, "stream_handle", lambda device: 0)
+    return launched
+
+
+def decode_inputs(rows=6, width=131072, next_n=1):
+    logits = torch.zeros(rows, width)
+    seq = torch.full((rows, 1), width, dtype=torch.int32)
+    idx = torch.full((rows, 512), 7, dtype=torch.int32)
+    return logits, next_n, seq, idx
+
+
+def test_decode_takes_and_launches_two_passes(calls):
+    logits, next_n, seq, idx = decode_inputs()
+    assert topk.decode_top_k(logits, next_n, seq, idx, 512)
+    assert [c[0] for c in calls] == ["dsv_topk512_chunks", "dsv_topk512_merge"]
+    assert calls[0][1] == (8, 6, 1) and calls[1][1] == (6, 1, 1)
+
+
+def test_decode_one_chunk_is_one_launch(calls):
+    logits, next_n, seq, idx = decode_inputs(width=16384)
+    assert topk.decode_top_k(logits, next_n, seq, idx, 512)
+    assert [c[0] for c in calls] == ["dsv_topk512_chunks"]
+
+
+def test_decode_unaligned_stride_takes_general_path(calls):
+    logits = torch.zeros(6, 131075)[:, :131072]
+    _, next_n, seq, idx = decode_inputs()
+    assert topk.decode_top_k(logits, next_n, seq, idx, 512)
+    assert calls[0][0] == "dsv_topk512_chunks_stream" and calls[0][1] == (8, 6, 1)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "topk256",
+        "half",
+        "col_stride",
+        "lens_int64",
+        "lens_short",
+        "idx_int64",
+        "idx_narrow",
+        "idx_col_stride",
+        "next_n_0",
+        "1d_lens_short",
+    ],
+)
+def test_decode_refuses(calls, change):
+    logits, next_n, seq, idx = decode_inputs()
+    topk_tokens = 512
+    if change == "topk256":
+        topk_tokens = 256
+    elif change == "half":
+        logits = logits.half()
+    elif change == "col_stride":
+        logits = torch.zeros(131072, 6).t()
+    elif change == "lens_int64":
+        seq = seq.long()
+    elif change == "lens_short":
+        seq = seq[:5]
+    elif change == "idx_int64":
+        idx = idx.long()
+    elif change == "idx_narrow":
+        idx = idx[:, :511]
+    elif change == "idx_col_stride":
+        idx = torch.full((512, 6), 7, dtype=torch.int32).t()
+    elif change == "next_n_0":
+        next_n = 0
+    elif change == "1d_lens_short":
+        seq, next_n = torch.full((2,), 5, dtype=torch.int32), 2
+    assert topk.decode_top_k(logits, next_n, seq, idx, topk_tokens) is False
+    assert calls == []
+    assert bool((idx == 7).all())
+
+
+def test_public_decode_raises_naming_shapes(calls):
+    logits, next_n, seq, idx = decode_inputs()
+    with pytest.raises(ValueError, match=r"indices \(6, 511\)"):
+        topk.top_k_per_row_decode_512(logits, next_n, seq, idx[:, :511])
+    with pytest.raises(TypeError):
+        topk.top_k_per_row_decode_512("logits", next_n, seq, idx)
+    with pytest.raises(ValueError, match="max_blocks"):
+        topk.top_k_per_row_decode_512(logits, next_n, seq, idx, 65, register_select=False)
+    assert calls == []
+
+
+def test_candidate_gating(calls):
+    logits, next_n, seq, idx = decode_inputs()
+    cands = torch.zeros(6, 2048, dtype=torch.int32)
+    assert not topk.candidate_top_k(logits, next_n, seq, cands.long(), 8, idx, 512)
+    assert not topk.candidate_top_k(logits, next_n, seq, cands, 16, idx, 512)  # 32768 columns
+    assert not topk.candidate_top_k(logits, next_n, seq, cands[:5], 8, idx, 512)
+    assert not topk.candidate_top_k(logits, next_n, seq, cands, 8, idx, 2048)
+    assert not topk.candidate_top_k(logits, next_n, seq, torch.zeros(6, 4096).int(), 1, idx, 512)
+    assert calls == []
+    assert topk.candidate_top_k(logits, next_n, seq, cands, 8, idx, 512)
+    assert [c[0] for c in calls] == ["dsv_topk512_candidates"]
+
+
+def test_select_gating(calls):
+    logits = torch.zeros(6, 131072)
+    cands = torch.zeros(6, 2048, dtype=torch.int32)
+    seq = torch.full((2,), 100, dtype=torch.int32)
+    assert not topk.select_candidates(logits, 2, seq, 8, cands)  # 2 lengths x 2 < 6 rows
+    assert not topk.select_candidates(logits, 3, seq.long(), 8, cands)
+    assert not topk.select_candidates(logits, 3, seq, 2, cands)  # 65536 blocks
+    assert not topk.select_candidates(logits, 3, seq, 8, cands[:, ::2])
+    assert calls == []
+    assert topk.select_candidates(logits, 3, seq, 8, cands)
+    assert calls[0][0] == "dsv_select_blocks" and calls[0][3][4] == 3  # one length a request
+    assert topk.select_candidates(logits, 3, torch.full((6, 1), 9, dtype=torch.int32), 8, cands)
+    assert calls[1][3][4] == 1  # one length a row
+
+
+def test_compact_gating(calls):
+    logits, ids = torch.zeros(6, 16384), torch.zeros(6, 16384, dtype=torch.int32)
+    seq, idx = torch.full((6, 1), 9, dtype=torch.int32), torch.zeros(6, 512, dtype=torch.int32)
+    assert not topk.compact_top_k_512(logits, ids.long(), seq, 1, idx)
+    assert not topk.compact_top_k_512(torch.zeros(6, 16385), ids, seq, 1, idx)
+    assert not topk.compact_top_k_512(logits, ids, seq, 1, idx[:, :500])
+    assert calls == []
+    assert topk.compact_top_k_512(logits, ids, seq, 1, idx)
+    assert [c[0] for c in calls] == ["dsv_topk512_compact"]
+
+
+class Decode:
+    def __init__(self, requires_padding):
+        self.requires_padding = requires_padding
+
+
+def test_skip_decode_fill(monkeypatch):
+    monkeypatch.setattr(topk, "build", lambda: True)
+    assert topk.skip_decode_fill(False, 6, 6, Decode(False))
+    assert not topk.skip_decode_fill(True, 6, 6, Decode(False))
+    assert not topk.skip_decode_fill(False, 6, 8, Decode(False))  # graph padding rows
+    assert not topk.skip_decode_fill(False, 6, 6, Decode(True))
+    assert not topk.skip_decode_fill(False, 6, 6, None)
+    monkeypatch.setattr(topk, "build", lambda: False)
+    assert not topk.skip_decode_fill(False, 6, 6, Decode(False))
+
+
+def test_build_failure_warns_once_and_hooks_refuse(monkeypatch, plugin_log):
+    def missing(stem, kernels, device):
+        raise OSError("no code object for gfx942: topk512.gfx942.co is missing")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(topk, "_modules", {})
+    monkeypatch.setattr(_launcher, "load", missing)
+    monkeypatch.setattr(topk, "_GPU_TYPE", "cpu")
+    assert topk.build() is False
+    assert topk.build() is False
+    warnings = [r for r in plugin_log.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "topk512.gfx942.co is missing" in warnings[0].getMessage()
+    logits, next_n, seq, idx = decode_inputs(width=1024)
+    assert topk.decode_top_k(logits, next_n, seq, idx, 512) is False
+    assert not topk.skip_decode_fill(False, 6, 6, Decode(False))
+    assert bool((idx == 7).all())
+
+
+def test_reference_check_can_fail():
+    """The GPU tests' comparison rejects a wrong set and accepts ties at the cut."""
+    x = torch.randn(1, 4096)
+    x[0, :600] = 5.0  # ties across the cut
+    seq = torch.tensor([[4096]], dtype=torch.int32)
+    good = torch.arange(512, dtype=torch.int32).view(1, 512) + 50
+    ref.check_decode(x, 1, seq, good)
+    bad = good.clone()
+    bad[0, 0] = 1000
+    with pytest.raises(AssertionError, match="values differ"):
+        ref.check_decode(x, 1, seq, bad)
+    dup = good.clone()
+    dup[0, 1] = dup[0, 0]
+    with pytest.raises(AssertionError, match="repeated"):
+        ref.check_decode(x, 1, seq, dup)
+    nan = torch.randn(1, 1000)
+    nan[0, 3] = float("nan")
+    top = torch.topk(nan, 512).indices.int()
+    assert 3 in top[0].tolist()  # torch ranks NaN first, and so does the reference
+    ref.check_decode(nan, 1, torch.tensor([[1000]], dtype=torch.int32), top)
