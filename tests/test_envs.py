@@ -1,0 +1,54 @@
+"""The DSV41_GFX942_* switches: parsing, defaults, one warning for a bad value."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from dsv41_gfx942_plugin import envs
+
+
+@pytest.mark.parametrize(
+    ("raw", "value"),
+    [("1", True), ("TRUE", True), (" yes ", True), ("on", True), ("0", False),
+     ("false", False), ("No", False), ("off", False), ("", True)],
+)  # fmt: skip
+def test_bool_parsing(monkeypatch, raw, value):
+    monkeypatch.setenv("DSV41_GFX942_TOPK", raw)
+    assert envs.get_bool("DSV41_GFX942_TOPK") is value
+
+
+def test_defaults(clean_plugin):
+    assert envs.disabled() is False
+    assert all(envs.enabled(f) for f in envs.FAMILIES)
+    assert envs.get_str("DSV41_GFX942_KERNEL_DIR") == ""
+
+
+def test_bad_value_keeps_default_and_warns_once(clean_plugin, monkeypatch, plugin_log):
+    monkeypatch.setattr(envs, "_warned", set())
+    monkeypatch.setenv("DSV41_GFX942_FUSED_MARKOV", "maybe")
+    assert envs.enabled("fused_markov") is True
+    assert envs.enabled("fused_markov") is True
+    warnings = [r.getMessage() for r in plugin_log.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        "DSV41_GFX942_FUSED_MARKOV='maybe' is not a boolean; using the default True"
+    ]
+
+
+def test_global_switch_turns_every_family_off(clean_plugin, monkeypatch):
+    monkeypatch.setenv("DSV41_GFX942_DISABLE", "1")
+    assert not any(envs.enabled(f) for f in envs.FAMILIES)
+
+
+def test_unknown_family_is_an_error():
+    with pytest.raises(ValueError, match="unknown hook family 'sampler'"):
+        envs.enabled("sampler")
+
+
+def test_every_variable_is_in_the_readme():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    missing = [name for name in envs.VARIABLES if name not in readme]
+    assert missing == []

@@ -1,0 +1,82 @@
+"""The patched ``DSparkSpeculator._sample_sequential`` keeps vLLM's order: the draft top-k
+path, the draft model's own hook, then the plugin's fused path, then vLLM's original loop."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+
+import dsv41_gfx942_plugin
+from dsv41_gfx942_plugin.speculator import make_sample_sequential
+
+
+class _Spec:
+    def __init__(self, draft_topk=None, model_hook=None):
+        self._draft_topk = draft_topk
+        self.model = types.SimpleNamespace()
+        if model_hook is not None:
+            self.model.sample_sequential = model_hook
+
+
+@pytest.fixture
+def calls(clean_plugin, monkeypatch):
+    """Records which of vLLM's original, the model hook and the fused path ran."""
+    rec = types.SimpleNamespace(log=[])
+    fused = types.ModuleType("dsv41_gfx942_plugin.ops.fused_markov")
+    fused.answer = False
+
+    def sample_sequential(spec, num_reqs, head_hidden):
+        rec.log.append("fused")
+        return fused.answer
+
+    fused.sample_sequential = sample_sequential
+    import dsv41_gfx942_plugin.ops as ops
+
+    monkeypatch.setitem(sys.modules, fused.__name__, fused)
+    monkeypatch.setattr(ops, "fused_markov", fused, raising=False)
+    rec.fused = fused
+    return rec
+
+
+def _original(rec):
+    def original(self, num_reqs, head_hidden):
+        rec.log.append("vllm")
+
+    return original
+
+
+def test_draft_topk_path_is_vllms(calls):
+    patched = make_sample_sequential(_original(calls))
+    patched(_Spec(draft_topk=8, model_hook=lambda *a: calls.log.append("hook") or True), 4, None)
+    assert calls.log == ["vllm"]
+
+
+def test_model_hook_first_and_plugin_stands_aside(calls):
+    patched = make_sample_sequential(_original(calls))
+    patched(_Spec(model_hook=lambda *a: calls.log.append("hook") or True), 4, None)
+    assert calls.log == ["hook"]
+    assert dsv41_gfx942_plugin.stats()["fused_markov"]["reasons"] == {"draft model's own hook": 1}
+
+
+def test_fused_path_serves_when_it_takes_the_step(calls):
+    calls.fused.answer = True
+    patched = make_sample_sequential(_original(calls))
+    patched(_Spec(model_hook=lambda *a: calls.log.append("hook") or False), 4, None)
+    assert calls.log == ["hook", "fused"]
+    assert dsv41_gfx942_plugin.stats()["fused_markov"]["taken"] == 1
+
+
+def test_vllm_loop_when_fused_declines(calls):
+    patched = make_sample_sequential(_original(calls))
+    patched(_Spec(), 4, None)
+    assert calls.log == ["fused", "vllm"]
+
+
+def test_switch_off_skips_fused(calls, monkeypatch):
+    monkeypatch.setenv("DSV41_GFX942_FUSED_MARKOV", "0")
+    calls.fused.answer = True
+    patched = make_sample_sequential(_original(calls))
+    patched(_Spec(), 4, None)
+    assert calls.log == ["vllm"]
