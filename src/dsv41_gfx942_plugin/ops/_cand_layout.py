@@ -1,0 +1,61 @@
+"""The MFMA layout choice and head reduction shared with AITER's dense indexer logits.
+
+The candidate kernel (cand_logits.py) is bit-identical to AITER's gfx942 Gluon kernel
+(`_gluon_deepgemm_fp8_paged_mqa_logits_preshuffle`) only while it builds the same MFMA layout
+and sums the heads with the same combine function. Where AITER is importable both come from its
+module, so that the two cannot drift; elsewhere (CI, the H200) this module computes the same
+choice itself: AITER asks whether `AMDMFMALayout` accepts a 2-D `instr_shape=[16, 16]` (older
+Triton) or needs the 3-D `[16, 16, 32]` (Triton >= 3.5 on some builds, 3.8 here).
+"""
+
+import importlib.util
+
+import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+# gfx942 (MI300X/MI325X) is CDNA 3; AITER's get_cdna_version() returns 3 there.
+CDNA_VERSION = 3
+
+
+# A Gluon function, not @triton.jit: under TRITON_INTERPRET=1 (CI) a Triton function becomes an
+# interpreter object that a Gluon kernel cannot call, and CI still compiles the kernel for gfx942.
+@gluon.jit
+def _own_sum_combine(a, b):
+    return a + b
+
+
+def own_use_2d_instr_shape() -> bool:
+    """AITER's test, done here: does this Triton's AMDMFMALayout take a 2-D instr_shape?"""
+    try:
+        gl.amd.AMDMFMALayout(
+            version=CDNA_VERSION,
+            instr_shape=[16, 16],
+            transposed=False,
+            warps_per_cta=[1, 1],
+            tiles_per_warp=[1, 1],
+        )
+    except Exception:  # noqa: BLE001 - any refusal means "use the 3-D shape", as in AITER
+        return False
+    return True
+
+
+def _aiter_module():
+    """AITER's dense Gluon logits module, or None where AITER is absent or fails to import."""
+    if importlib.util.find_spec("aiter") is None:
+        return None
+    try:
+        from aiter.ops.triton.gluon import pa_mqa_logits
+    except Exception:  # noqa: BLE001 - a broken AITER install means "not importable"
+        return None
+    return pa_mqa_logits
+
+
+_AITER = _aiter_module()
+FROM_AITER = _AITER is not None
+if FROM_AITER:
+    sum_combine = _AITER._sum_combine
+    USE_2D_INSTR_SHAPE = tl.constexpr(bool(_AITER._Use_2d_instr_shape_mfma_layout))
+else:
+    sum_combine = _own_sum_combine
+    USE_2D_INSTR_SHAPE = tl.constexpr(own_use_2d_instr_shape())

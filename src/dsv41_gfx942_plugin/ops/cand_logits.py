@@ -1,0 +1,544 @@
+"""Indexer logits of the DSpark candidate positions only, written as compact rows.
+
+Layers 24-36 take their top 512 only from the 2048 candidate blocks of 8 positions that layer 20
+chose for each decode row, yet vLLM scores every position of the row (AITER's dense Gluon kernel)
+and then masks 7 of every 8 to -inf. At 128k context that is 8 times more work than the top-k
+reads. Here position i of compact row r holds the logit of column `8 * cand[r][i // 8] + i % 8`
+and that column as its id, or -inf and id -1 when the block entry is -1 or the column is at or
+past the row's end.
+
+`_cand_logits_gfx942` does each logit's arithmetic the way AITER's gfx942 kernel
+(`_gluon_deepgemm_fp8_paged_mqa_logits_preshuffle`, ChunkK = 256 run as two MFMA stages of 128
+columns) does: the same MFMA layout and `v_mfma_f32_16x16x32_fp8_fp8`, a zero accumulator, times
+the key's scale, ReLU, times the head weights, and the heads summed by one reduction inside a wave
+whose order does not depend on the column's place in the tile. Only the key's address differs, so
+each logit is meant to be bit-identical to the dense one (a gfx942-marked test checks it).
+`_cand_logits_portable` is a twin with blocked layouts and multiply-and-sum that runs anywhere
+(tested on an NVIDIA H200). Both call `_column_addresses`, the one place that maps candidate ->
+column -> page -> key address, so the twin's tests execute the gfx942 kernel's addressing.
+"""
+
+import importlib
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+from . import _cand_layout
+
+# Columns of one gfx942 MFMA stage: the dense kernel runs ChunkK = 256 as two stages of 128.
+COLUMNS = 128
+# Columns of one portable-twin stage (a [dim, columns] fp32 tile in registers).
+TWIN_COLUMNS = 64
+# Stages each program scores (the `stages_per_program=0` default). Each stage waits on three
+# dependent loads (candidate block, page, keys), so many programs in flight hide latency best:
+# on MI325X, 6 rows at 128k (2048 x 8 candidates) took 6.8 us at 1 stage a program and 14.0 us
+# at 8 (vLLM's in-tree measurement; not re-measured here, nobody has gfx942 hardware).
+STAGES_PER_PROGRAM = 1
+# The cache stores each page's keys shuffled in groups of 16 keys x 16 bytes (vLLM's SHUFFLE
+# layout for page size > 1, which the dense kernel's `offset_k_fixed` reads).
+KEY_GROUP = 16
+SHUFFLE = gl.constexpr(KEY_GROUP)
+# AITER's dense call: 4 waves, WavePerEU = 2 (vLLM's rocm_fp8_paged_mqa_logits).
+NUM_WARPS = 4
+WAVES_PER_EU = 2
+# compact_top_k_512 (ops/topk.py) takes rows of up to 16384 entries: 2048 blocks x 8.
+MAX_ROW = 16384
+
+
+@gluon.jit
+def _column_addresses(
+    cols,
+    dims,
+    row,
+    seq_lens,
+    next_n,
+    block_table,
+    stride_bt_row,
+    cand,
+    stride_cand_row,
+    row_len,
+    stride_k_page,
+    stride_scale_page,
+    SeqLensIs2D: gl.constexpr,
+    CandBlock: gl.constexpr,
+    PageSize: gl.constexpr,
+    HiddenDim: gl.constexpr,
+):
+    """For compact columns `cols` of `row` (and key dims `dims`, the other axis of the tile):
+    the 64-bit key offsets [dims, cols], the scale offsets [cols], the ids (column or -1) and
+    whether each is live. A dead entry reads page 0's first key, so every load stays inside the
+    cache; the caller replaces its logit with -inf."""
+    # The row's end as vLLM's top_k_per_row_decode takes it.
+    if SeqLensIs2D:
+        end = gl.load(seq_lens + row)
+    else:
+        end = gl.load(seq_lens + row // next_n) - next_n + row % next_n + 1
+    block = gl.load(
+        cand + row.to(gl.int64) * stride_cand_row + cols // CandBlock,
+        mask=cols < row_len,
+        other=-1,
+    )
+    position = block * CandBlock + cols % CandBlock
+    live = (block >= 0) & (position < end)
+    position = gl.where(live, position, 0)
+    # Row r reads the pages of its request, r // next_n, as the dense kernel does.
+    page = gl.load(
+        block_table + (row // next_n).to(gl.int64) * stride_bt_row + position // PageSize,
+        mask=live,
+        other=0,
+    ).to(gl.int64)
+    key = position % PageSize
+    key_offsets = page * stride_k_page + (
+        key % SHUFFLE * 16 + key // SHUFFLE * (SHUFFLE * HiddenDim)
+    )
+    dim_offsets = dims % 16 + dims // 16 * (SHUFFLE * 16)
+    offsets = key_offsets[None, :] + dim_offsets[:, None]
+    scale_offsets = page * stride_scale_page + key
+    ids = gl.where(live, position, -1)
+    return offsets, scale_offsets, ids, live
+
+
+@gluon.jit
+def _cand_logits_gfx942(
+    q,
+    stride_q_row,
+    stride_q_head,
+    keys,
+    stride_k_page,
+    scales,
+    stride_scale_page,
+    seq_lens,
+    next_n,
+    block_table,
+    stride_bt_row,
+    cand,
+    stride_cand_row,
+    weights,
+    stride_w_row,
+    out_logits,
+    out_ids,
+    row_len,
+    splits_per_row,
+    SeqLensIs2D: gl.constexpr,
+    StagesPerProgram: gl.constexpr,
+    Heads: gl.constexpr,
+    HiddenDim: gl.constexpr,
+    PageSize: gl.constexpr,
+    CandBlock: gl.constexpr,
+):
+    # AITER's gfx942 layouts for ChunkQ = Heads, ChunkK = 256 (ChunkKPerStage = 128), 4 waves.
+    NumWarps: gl.constexpr = 4
+    ThreadsPerWarp: gl.constexpr = 64
+    Columns: gl.constexpr = 128
+    MFMAPerWarp: gl.constexpr = Columns // 16 // NumWarps
+    layout_q: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[Heads // (NumWarps * ThreadsPerWarp // (HiddenDim // 16)), 16],
+        threads_per_warp=[ThreadsPerWarp // (HiddenDim // 16), HiddenDim // 16],
+        warps_per_cta=[NumWarps, 1],
+        order=[1, 0],
+    )
+    if _cand_layout.USE_2D_INSTR_SHAPE:
+        mfma: gl.constexpr = gl.amd.AMDMFMALayout(
+            version=3,
+            instr_shape=[16, 16],
+            transposed=False,
+            warps_per_cta=[1, NumWarps],
+            tiles_per_warp=[1, MFMAPerWarp],
+        )
+    else:
+        mfma: gl.constexpr = gl.amd.AMDMFMALayout(
+            version=3,
+            instr_shape=[16, 16, 32],
+            transposed=False,
+            warps_per_cta=[1, NumWarps],
+            tiles_per_warp=[1, MFMAPerWarp],
+        )
+    mfma_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mfma, k_width=16)
+    mfma_b: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mfma, k_width=16)
+    layout_out: gl.constexpr = gl.SliceLayout(0, mfma)
+
+    pid = gl.program_id(0)
+    row = pid // splits_per_row
+    split = pid % splits_per_row
+    q_tile = gl.amd.cdna3.buffer_load(
+        ptr=q,
+        offsets=row * stride_q_row
+        + (gl.arange(0, Heads, layout=gl.SliceLayout(1, layout_q)) * stride_q_head)[:, None]
+        + gl.arange(0, HiddenDim, layout=gl.SliceLayout(0, layout_q))[None, :],
+    )
+    mfma_q = gl.convert_layout(q_tile, mfma_a)
+    head_weights = gl.amd.cdna3.buffer_load(
+        ptr=weights,
+        offsets=row * stride_w_row + gl.arange(0, Heads, layout=gl.SliceLayout(1, mfma)),
+    )
+    dims = gl.arange(0, HiddenDim, layout=gl.SliceLayout(1, mfma_b))
+    zero = gl.zeros((Heads, Columns), dtype=gl.float32, layout=mfma)
+    out_row = row.to(gl.int64) * row_len
+
+    for stage in range(StagesPerProgram):
+        first = (split * StagesPerProgram + stage) * Columns
+        cols = first + gl.arange(0, Columns, layout=gl.SliceLayout(0, mfma_b))
+        offsets, scale_offsets, ids, live = _column_addresses(
+            cols, dims, row, seq_lens, next_n, block_table, stride_bt_row, cand,
+            stride_cand_row, row_len, stride_k_page, stride_scale_page,
+            SeqLensIs2D, CandBlock, PageSize, HiddenDim,
+        )  # fmt: skip
+        k = gl.load(keys + offsets)
+        k_scale = gl.load(scales + scale_offsets)
+        o = gl.amd.cdna3.mfma(mfma_q, gl.convert_layout(k, mfma_b), zero)
+        o = o * gl.convert_layout(k_scale, layout_out)[None, :]
+        o = gl.maximum(o, 0.0)
+        o = o * head_weights[:, None]
+        logits = gl.reduce(o, axis=0, combine_fn=_cand_layout.sum_combine)
+
+        cols_out = gl.convert_layout(cols, layout_out)
+        live_out = gl.convert_layout(live, layout_out)
+        in_row = cols_out < row_len
+        gl.store(
+            out_logits + out_row + cols_out,
+            gl.where(live_out, logits, float("-inf")),
+            mask=in_row,
+        )
+        gl.store(out_ids + out_row + cols_out, gl.convert_layout(ids, layout_out), mask=in_row)
+
+
+@gluon.jit
+def _cand_logits_portable(
+    q,
+    stride_q_row,
+    stride_q_head,
+    keys,
+    stride_k_page,
+    scales,
+    stride_scale_page,
+    seq_lens,
+    next_n,
+    block_table,
+    stride_bt_row,
+    cand,
+    stride_cand_row,
+    weights,
+    stride_w_row,
+    out_logits,
+    out_ids,
+    row_len,
+    splits_per_row,
+    SeqLensIs2D: gl.constexpr,
+    StagesPerProgram: gl.constexpr,
+    Heads: gl.constexpr,
+    HiddenDim: gl.constexpr,
+    PageSize: gl.constexpr,
+    CandBlock: gl.constexpr,
+    Columns: gl.constexpr,
+    ThreadsPerWarp: gl.constexpr,
+):
+    """The twin: same addressing, float multiply-and-sum over a [dim, columns] tile per head."""
+    NumWarps: gl.constexpr = 4
+    tile: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[HiddenDim // 8, 1],
+        threads_per_warp=[8, ThreadsPerWarp // 8],
+        warps_per_cta=[1, NumWarps],
+        order=[0, 1],
+    )
+    layout_cols: gl.constexpr = gl.SliceLayout(0, tile)
+
+    pid = gl.program_id(0)
+    row = pid // splits_per_row
+    split = pid % splits_per_row
+    dims = gl.arange(0, HiddenDim, layout=gl.SliceLayout(1, tile))
+    q_row = q + row.to(gl.int64) * stride_q_row
+    out_row = row.to(gl.int64) * row_len
+
+    for stage in range(StagesPerProgram):
+        first = (split * StagesPerProgram + stage) * Columns
+        cols = first + gl.arange(0, Columns, layout=layout_cols)
+        offsets, scale_offsets, ids, live = _column_addresses(
+            cols, dims, row, seq_lens, next_n, block_table, stride_bt_row, cand,
+            stride_cand_row, row_len, stride_k_page, stride_scale_page,
+            SeqLensIs2D, CandBlock, PageSize, HiddenDim,
+        )  # fmt: skip
+        k = gl.load(keys + offsets).to(gl.float32)
+        k_scale = gl.load(scales + scale_offsets)
+        logits = gl.zeros((Columns,), dtype=gl.float32, layout=layout_cols)
+        for h in range(Heads):
+            q_h = gl.load(q_row + h * stride_q_head + dims).to(gl.float32)
+            dot = gl.reduce(k * q_h[:, None], axis=0, combine_fn=_cand_layout.sum_combine)
+            w_h = gl.load(weights + row * stride_w_row + h)
+            logits += gl.maximum(dot * k_scale, 0.0) * w_h
+        in_row = cols < row_len
+        gl.store(out_logits + out_row + cols, gl.where(live, logits, float("-inf")), mask=in_row)
+        gl.store(out_ids + out_row + cols, ids, mask=in_row)
+
+
+def _fp8_dtype() -> torch.dtype:
+    """The platform's indexer FP8: e4m3fnuz on gfx94x (ROCm), e4m3fn elsewhere."""
+    if torch.version.hip is not None and torch.cuda.is_available():
+        arch = torch.cuda.get_device_properties(0).gcnArchName
+        if arch.startswith("gfx94"):
+            return torch.float8_e4m3fnuz
+    return torch.float8_e4m3fn
+
+
+def split_cache(kv_cache: torch.Tensor, fp8_dtype: torch.dtype | None = None):
+    """The FP8 keys `[pages, page_size * dim]` and FP32 scales `[pages, page_size]` of an indexer
+    cache `[pages, page_size, 1, dim + 4]` (uint8; each page: page_size x dim FP8 keys in the
+    SHUFFLE layout, then page_size FP32 scales). Views, not copies: the page stride is kept, since
+    vLLM's cache is a view whose pages sit inside larger physical blocks."""
+    if not isinstance(kv_cache, torch.Tensor) or kv_cache.dtype != torch.uint8:
+        raise TypeError(f"kv_cache must be a uint8 tensor, got {getattr(kv_cache, 'dtype', None)}")
+    if kv_cache.dim() != 4 or kv_cache.shape[2] != 1 or kv_cache.shape[3] <= 4:
+        raise ValueError(
+            f"kv_cache must be [pages, page_size, 1, dim + 4], got {tuple(kv_cache.shape)}"
+        )
+    pages, page_size, _, row_bytes = kv_cache.shape
+    dim = row_bytes - 4
+    if page_size % KEY_GROUP or dim % 16:
+        raise ValueError(
+            f"page size {page_size} and dim {dim} must be multiples of {KEY_GROUP}: the keys are "
+            f"stored in shuffled groups of 16 (kv_cache {tuple(kv_cache.shape)})"
+        )
+    page_stride = kv_cache.stride(0)
+    inner_contiguous = kv_cache.stride(3) == 1 and kv_cache.stride(1) == row_bytes
+    if not inner_contiguous or page_stride < page_size * row_bytes or page_stride % 4:
+        raise ValueError(
+            f"kv_cache {tuple(kv_cache.shape)} with strides {kv_cache.stride()}: each page must "
+            f"be contiguous and the page stride a multiple of 4 bytes, at least {page_size} x "
+            f"{row_bytes}"
+        )
+    if kv_cache.storage_offset() % 4:
+        raise ValueError(
+            f"kv_cache must start at a 4-byte boundary, offset {kv_cache.storage_offset()}"
+        )
+    flat = kv_cache.as_strided((pages, page_size * row_bytes), (page_stride, 1))
+    keys = flat[:, : page_size * dim].view(fp8_dtype or _fp8_dtype())
+    scales = flat[:, page_size * dim :].view(torch.float32)
+    return keys, scales
+
+
+def _check(cond: bool, message: str) -> None:
+    if not cond:
+        raise ValueError(message)
+
+
+def candidate_logits(
+    q_fp8: torch.Tensor,
+    kv_cache: torch.Tensor,
+    weights: torch.Tensor,
+    seq_lens: torch.Tensor,
+    next_n: int,
+    block_table: torch.Tensor,
+    candidates: torch.Tensor,
+    cand_block: int,
+    out_logits: torch.Tensor,
+    out_ids: torch.Tensor,
+    stages_per_program: int = 0,
+    *,
+    portable: bool | None = None,
+) -> None:
+    """Write the compact candidate rows (module docstring) into out_logits / out_ids.
+
+    q_fp8 `[rows, heads, dim]` FP8, row r = draft position r % next_n of request r // next_n;
+    weights `[rows, heads]` FP32; block_table one row of pages per request; seq_lens as the
+    dense call gets them (1-D per request, or one per row); candidates `[rows, blocks]` int32 with
+    -1 padding; out_logits (fp32) and out_ids (int32) contiguous `[rows, blocks * cand_block]`.
+    `stages_per_program=0` takes STAGES_PER_PROGRAM. `portable` picks the twin (default: the
+    twin everywhere but gfx942)."""
+    if q_fp8.dim() != 3 or not q_fp8.dtype.is_floating_point or q_fp8.element_size() != 1:
+        raise TypeError(
+            f"q_fp8 must be [rows, heads, dim] FP8, got {q_fp8.dtype} {tuple(q_fp8.shape)}"
+        )
+    rows, heads, dim = q_fp8.shape
+    keys, scales = split_cache(kv_cache, q_fp8.dtype)
+    page_size = kv_cache.shape[1]
+    _check(kv_cache.shape[3] == dim + 4, f"kv_cache {tuple(kv_cache.shape)} vs q dim {dim}")
+    _check(heads in (16, 32, 64) and dim in (64, 128), f"heads {heads}, dim {dim} unsupported")
+    _check(q_fp8.stride(2) == 1, f"q_fp8 strides {q_fp8.stride()} need unit dim stride")
+    _check(next_n >= 1 and rows % next_n == 0, f"{rows} rows is not a multiple of next_n={next_n}")
+    _check(cand_block >= 1, f"cand_block {cand_block} must be positive")
+    for name, t, dtype in (
+        ("weights", weights, torch.float32),
+        ("seq_lens", seq_lens, torch.int32),
+        ("block_table", block_table, torch.int32),
+        ("candidates", candidates, torch.int32),
+        ("out_logits", out_logits, torch.float32),
+        ("out_ids", out_ids, torch.int32),
+    ):
+        if t.dtype != dtype:
+            raise TypeError(f"{name} must be {dtype}, got {t.dtype}")
+        _check(t.device == q_fp8.device, f"{name} is on {t.device}, q_fp8 on {q_fp8.device}")
+    _check(
+        weights.dim() == 2 and weights.shape[0] >= rows and weights.shape[1] == heads
+        and weights.stride(1) == 1,
+        f"weights {tuple(weights.shape)} must be [rows={rows}, heads={heads}], unit column stride",
+    )  # fmt: skip
+    _check(
+        candidates.dim() == 2 and candidates.shape[0] == rows and candidates.stride(1) == 1,
+        f"candidates {tuple(candidates.shape)} must be [rows={rows}, blocks], unit column stride",
+    )
+    requests = rows // next_n
+    _check(
+        block_table.dim() == 2 and block_table.shape[0] >= requests and block_table.stride(1) == 1,
+        f"block_table {tuple(block_table.shape)} must be [>= {requests} requests, pages]",
+    )
+    _check(seq_lens.is_contiguous(), "seq_lens must be contiguous")
+    per_row = seq_lens.dim() == 2
+    _check(
+        seq_lens.numel() == (rows if per_row else requests) and seq_lens.dim() in (1, 2),
+        f"seq_lens {tuple(seq_lens.shape)}: 1-D per request ({requests}) or 2-D per row ({rows})",
+    )
+    row_len = candidates.shape[1] * cand_block
+    for name, t in (("out_logits", out_logits), ("out_ids", out_ids)):
+        _check(
+            tuple(t.shape) == (rows, row_len) and t.is_contiguous(),
+            f"{name} {tuple(t.shape)} must be contiguous [{rows}, {row_len}]",
+        )
+    per_program = stages_per_program or STAGES_PER_PROGRAM
+    _check(per_program >= 1, f"stages_per_program {stages_per_program} must be >= 0")
+    if rows == 0 or row_len == 0:
+        return
+    if portable is None:
+        portable = _fp8_dtype() != torch.float8_e4m3fnuz
+    columns = TWIN_COLUMNS if portable else COLUMNS
+    splits = triton.cdiv(triton.cdiv(row_len, columns), per_program)
+    args = (
+        q_fp8, q_fp8.stride(0), q_fp8.stride(1), keys, keys.stride(0), scales, scales.stride(0),
+        seq_lens, next_n, block_table, block_table.stride(0), candidates, candidates.stride(0),
+        weights, weights.stride(0), out_logits, out_ids, row_len, splits,
+    )  # fmt: skip
+    meta = dict(
+        SeqLensIs2D=per_row,
+        StagesPerProgram=per_program,
+        Heads=heads,
+        HiddenDim=dim,
+        PageSize=page_size,
+        CandBlock=cand_block,
+        num_warps=NUM_WARPS,
+    )
+    if portable:
+        warp = 64 if torch.version.hip is not None else 32
+        _cand_logits_portable[(rows * splits,)](*args, **meta, Columns=columns, ThreadsPerWarp=warp)
+    else:
+        _cand_logits_gfx942[(rows * splits,)](*args, **meta, waves_per_eu=WAVES_PER_EU)
+
+
+def _hook_takes(
+    q_fp8, kv_cache, weights, seq_lens, block_table, candidates, block_size, indices,
+    topk_tokens, dense_is_aiter_gluon, requires_padding,
+) -> bool:  # fmt: skip
+    """Whether candidate_logits_top_k may take the call (pure checks, no side effects)."""
+    tensors = (q_fp8, kv_cache, weights, seq_lens, block_table, candidates, indices)
+    if not dense_is_aiter_gluon or requires_padding or topk_tokens != 512:
+        return False
+    if not all(isinstance(t, torch.Tensor) for t in tensors) or q_fp8.dim() != 4:
+        return False
+    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+        return False
+    batch, next_n, heads, dim = q_fp8.shape
+    rows = batch * next_n
+    int32 = torch.int32
+    return (
+        all(t.device == q_fp8.device for t in tensors)
+        and q_fp8.dtype in (torch.float8_e4m3fnuz, torch.float8_e4m3fn)
+        and q_fp8.is_contiguous()
+        and heads in (32, 64)
+        and dim == 128
+        and rows > 0
+        and kv_cache.dtype == torch.uint8
+        and kv_cache.dim() == 4
+        and kv_cache.shape[2] == 1
+        and kv_cache.shape[3] == dim + 4
+        and kv_cache.shape[1] % KEY_GROUP == 0
+        and kv_cache.stride(3) == 1
+        and kv_cache.stride(1) == kv_cache.shape[3]
+        and kv_cache.stride(0) >= kv_cache.shape[1] * kv_cache.shape[3]
+        and kv_cache.stride(0) % 4 == 0
+        and kv_cache.storage_offset() % 4 == 0
+        and weights.dtype == torch.float32
+        and weights.dim() == 2
+        and weights.shape[0] >= rows
+        and weights.shape[1] == heads
+        and weights.stride(1) == 1
+        and seq_lens.dtype == int32
+        and seq_lens.is_contiguous()
+        and (
+            (seq_lens.dim() == 1 and seq_lens.numel() == batch)
+            or (seq_lens.dim() == 2 and seq_lens.numel() == rows)
+        )
+        and block_table.dtype == int32
+        and block_table.dim() == 2
+        and block_table.shape[0] >= batch
+        and block_table.stride(1) == 1
+        and candidates.dtype == int32
+        and candidates.dim() == 2
+        and candidates.shape[0] >= rows
+        and candidates.stride(1) == 1
+        and 512 < candidates.shape[1] * block_size <= MAX_ROW
+        and indices.dtype == int32
+        and indices.dim() == 2
+        and indices.shape[0] >= rows
+        and indices.shape[1] >= 512
+        and indices.stride(1) == 1
+    )
+
+
+def candidate_logits_top_k(
+    q_fp8: torch.Tensor,
+    kv_cache: torch.Tensor,
+    weights: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    candidates: torch.Tensor,
+    block_size: int,
+    indices: torch.Tensor,
+    topk_tokens: int,
+    dense_is_aiter_gluon: bool,
+    requires_padding: bool,
+) -> bool:
+    """The hook in front of the decode indexer's dense logits on the candidate-reader layers.
+
+    Takes only calls whose dense logits would come from AITER's gfx942 Gluon kernel (the caller
+    says so in `dense_is_aiter_gluon`: page size > 1, compress ratio not 4, AITER on, gfx942),
+    topK 512, 32 or 64 heads of dim 128, q `[batch, next_n, heads, 128]` FP8 contiguous, a uint8
+    cache `[pages, 16k, 1, 132]`, int32 lengths/block table/candidates, unit column strides, no
+    padding and more than 512 candidate columns. It then writes the compact candidate rows and
+    their top 512 (`compact_top_k_512` of ops/topk.py) into `indices` and returns True, and vLLM
+    skips its dense logits, candidate mask and top-k. Otherwise it returns False having written
+    nothing, and vLLM runs its own path."""
+    if not _hook_takes(
+        q_fp8, kv_cache, weights, seq_lens, block_table, candidates, block_size, indices,
+        topk_tokens, dense_is_aiter_gluon, requires_padding,
+    ):  # fmt: skip
+        return False
+    try:
+        topk = importlib.import_module(f"{__package__}.topk")
+        compact_top_k_512 = topk.compact_top_k_512
+    except (ImportError, AttributeError) as err:
+        from .._log import logger  # vLLM's logger; imported here so the kernels run without vLLM
+
+        logger.debug_once("candidate logits: no compact top-512 (%s), vLLM's path runs", err)
+        return False
+    # Its code object may be missing (a failed build): then decline before any work.
+    build = getattr(topk, "build", None)
+    if build is not None and not build():
+        return False
+    batch, next_n = q_fp8.shape[:2]
+    rows = batch * next_n
+    candidates = candidates[:rows]
+    row_len = candidates.shape[1] * block_size
+    logits = torch.empty(rows, row_len, device=q_fp8.device, dtype=torch.float32)
+    ids = torch.empty(rows, row_len, device=q_fp8.device, dtype=torch.int32)
+    candidate_logits(
+        q_fp8.view(rows, *q_fp8.shape[2:]),
+        kv_cache,
+        weights[:rows],
+        seq_lens,
+        next_n,
+        block_table,
+        candidates,
+        block_size,
+        logits,
+        ids,
+    )
+    return bool(compact_top_k_512(logits, ids, seq_lens, next_n, indices[:rows, :512]))

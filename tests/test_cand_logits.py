@@ -1,0 +1,661 @@
+"""Candidate-only indexer logits (ops/cand_logits.py): gfx942 compile checks, split_cache, the
+hook's gating (CPU, CI), and the portable twin against a float reference (marker gpu).
+
+The reference (below) writes an indexer cache in vLLM's SHUFFLE layout (checked against vLLM's
+own writer, `indexer_k_quant_and_cache_triton`, run in the Triton interpreter) and computes each
+compact entry from the dense FP8 keys it wrote, never from the cache: so the twin's reads through
+the shared `_column_addresses` helper are checked against the layout, not against a copy of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+
+from dsv41_gfx942_plugin.ops import _cand_layout, cand_logits
+
+CUDA = torch.cuda.is_available() and torch.version.hip is None
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs an NVIDIA GPU (the portable twin)")
+
+# --------------------------------------------------------------------------------------------
+# Reference: cache writer and float logits
+# --------------------------------------------------------------------------------------------
+
+
+def shuffle_offsets(page_size: int, dim: int) -> torch.Tensor:
+    """Byte offset of key t, dim d inside a page: vLLM's SHUFFLE layout, 16 keys x 16 bytes tiles
+    (`_indexer_k_quant_and_cache_kernel`: tile block t // 16, tile row t % 16, 16-byte column
+    d // 16)."""
+    t = torch.arange(page_size)[:, None]
+    d = torch.arange(dim)[None, :]
+    return t // 16 * (16 * dim) + d // 16 * 256 + t % 16 * 16 + d % 16
+
+
+def strided_cache(pages: int, page_size: int, dim: int, pad: int, device, fill: int = 0):
+    """A uint8 `[pages, page_size, 1, dim + 4]` view whose page stride is `pad` bytes longer than
+    a page, like vLLM's cache view into blocks shared with the main KV cache."""
+    page_bytes = page_size * (dim + 4)
+    base = torch.full((pages * (page_bytes + pad),), fill, dtype=torch.uint8, device=device)
+    return base.as_strided((pages, page_size, 1, dim + 4), (page_bytes + pad, dim + 4, dim + 4, 1))
+
+
+def write_pages(cache, page_ids, keys_u8, scales):
+    """Write positions 0..n-1 (keys_u8 `[n, dim]` bytes, scales `[n]`) into the pages page_ids."""
+    pages, page_size, _, row = cache.shape
+    dim = row - 4
+    flat = cache.as_strided((pages, page_size * row), (cache.stride(0), 1))
+    offs = shuffle_offsets(page_size, dim).to(cache.device)
+    n = keys_u8.shape[0]
+    for i, page in enumerate(page_ids):
+        lo, hi = i * page_size, min(n, (i + 1) * page_size)
+        if lo >= hi:
+            break
+        k = hi - lo
+        flat[page, offs[:k].reshape(-1)] = keys_u8[lo:hi].reshape(-1)
+        scale_bytes = scales[lo:hi].contiguous().view(torch.uint8)
+        flat[page, page_size * dim : page_size * dim + 4 * k] = scale_bytes
+
+
+@dataclasses.dataclass
+class Case:
+    q: torch.Tensor  # [batch, next_n, heads, dim] FP8
+    kv_cache: torch.Tensor
+    weights: torch.Tensor  # [rows, heads]
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+    candidates: torch.Tensor  # [rows, blocks]
+    cand_block: int
+    keys: list  # per request: [len, dim] FP8 as float
+    scales: list  # per request: [len] float
+    ends: list  # per row: the row's end
+
+    @property
+    def next_n(self) -> int:
+        return self.q.shape[1]
+
+
+def make_case(
+    *,
+    lens,
+    next_n=1,
+    heads=64,
+    page_size=64,
+    blocks=40,
+    cand_block=8,
+    per_row=True,
+    row_ends=None,
+    pad=4096,
+    fp8=torch.float8_e4m3fn,
+    device="cpu",
+    seed=0,
+    extra_pages=3,
+    min_page=0,
+):
+    """A decode step: requests of `lens` positions, pages in a random order of a strided cache
+    (physical page 0 unused and full of NaN bytes, so dead entries that read it must still write
+    -inf), unused block-table entries set to a page far outside the cache, candidates that mix
+    blocks inside, straddling and past the row end with -1 anywhere."""
+    g = torch.Generator().manual_seed(seed)
+    dim = 128
+    batch = len(lens)
+    rows = batch * next_n
+    npages = [max(1, math.ceil(n / page_size)) for n in lens]
+    total = 1 + min_page + sum(npages) + extra_pages
+    cache = strided_cache(total, page_size, dim, pad, device, fill=0xFF)
+    order = (1 + min_page + torch.randperm(total - 1 - min_page, generator=g)).tolist()
+    width = max(npages) + 2
+    block_table = torch.full((batch, width), 1 << 30, dtype=torch.int32)
+    keys, scales = [], []
+    for b, n in enumerate(lens):
+        pages = [order.pop() for _ in range(npages[b])]
+        block_table[b, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
+        k = (torch.randn(n, dim, generator=g) * 3).to(fp8)
+        s = torch.rand(n, generator=g) * 0.5 + 0.25
+        write_pages(cache, pages, k.view(torch.uint8).to(device), s.to(device))
+        keys.append(k.float())
+        scales.append(s)
+    q = (torch.randn(batch, next_n, heads, dim, generator=g) * 2).to(fp8)
+    weights = torch.randn(rows, heads, generator=g)
+    if per_row:
+        ends = list(row_ends) if row_ends is not None else [
+            max(0, lens[r // next_n] - next_n + r % next_n + 1) for r in range(rows)
+        ]  # fmt: skip
+        shape = (rows, 1) if next_n == 1 else (batch, next_n)
+        seq_lens = torch.tensor(ends, dtype=torch.int32).reshape(shape)
+    else:
+        seq_lens = torch.tensor(lens, dtype=torch.int32)
+        ends = [max(0, lens[r // next_n] - next_n + r % next_n + 1) for r in range(rows)]
+    candidates = torch.empty(rows, blocks, dtype=torch.int32)
+    for r in range(rows):
+        span = math.ceil(max(ends[r], 1) / cand_block) + 3  # includes blocks past the end
+        pick = torch.randint(0, span, (blocks,), generator=g)
+        pick[torch.rand(blocks, generator=g) < 0.2] = -1
+        candidates[r] = pick.to(torch.int32)
+    return Case(
+        q=q.to(device),
+        kv_cache=cache,
+        weights=weights.to(device),
+        seq_lens=seq_lens.to(device),
+        block_table=block_table.to(device),
+        candidates=candidates.to(device),
+        cand_block=cand_block,
+        keys=keys,
+        scales=scales,
+        ends=ends,
+    )
+
+
+def reference(case: Case):
+    """Compact rows in float64 from the dense keys: (logits, ids)."""
+    rows, blocks = case.candidates.shape
+    cb = case.cand_block
+    q = case.q.float().double().cpu().reshape(rows, *case.q.shape[2:])
+    w = case.weights.double().cpu()
+    cand = case.candidates.cpu()
+    logits = torch.full((rows, blocks * cb), float("-inf"), dtype=torch.float64)
+    ids = torch.full((rows, blocks * cb), -1, dtype=torch.int32)
+    for r in range(rows):
+        b = r // case.next_n
+        cols = torch.arange(blocks * cb)
+        block = cand[r, cols // cb].long()
+        pos = block * cb + cols % cb
+        live = (block >= 0) & (pos < case.ends[r])
+        p = pos[live]
+        k = case.keys[b][p].double()
+        s = case.scales[b][p].double()
+        dots = (q[r] @ k.T) * s[None, :]  # [heads, live]
+        logits[r, live] = (dots.clamp_min(0) * w[r][:, None]).sum(0)
+        ids[r, live] = p.to(torch.int32)
+    return logits, ids
+
+
+def run_candidate_logits(case: Case, **kw):
+    rows = case.candidates.shape[0]
+    row_len = case.candidates.shape[1] * case.cand_block
+    dev = case.q.device
+    out_logits = torch.full((rows, row_len), 7.0, device=dev)
+    out_ids = torch.full((rows, row_len), 7, dtype=torch.int32, device=dev)
+    cand_logits.candidate_logits(
+        case.q.reshape(rows, *case.q.shape[2:]),
+        case.kv_cache,
+        case.weights,
+        case.seq_lens,
+        case.next_n,
+        case.block_table,
+        case.candidates,
+        case.cand_block,
+        out_logits,
+        out_ids,
+        **kw,
+    )
+    return out_logits, out_ids
+
+
+# --------------------------------------------------------------------------------------------
+# CPU: the reference writer is vLLM's layout
+# --------------------------------------------------------------------------------------------
+
+
+def test_reference_writer_matches_vllm_writer():
+    """Our SHUFFLE writer puts every byte where vLLM's indexer cache writer puts it."""
+    if not triton.knobs.runtime.interpret:
+        pytest.skip("runs vLLM's Triton writer in the interpreter (TRITON_INTERPRET=1)")
+    from vllm.v1.attention.ops.rocm_aiter_mla_sparse import indexer_k_quant_and_cache_triton
+
+    page_size, dim, pages = 32, 128, 4
+    theirs = torch.zeros(pages, page_size, dim + 4, dtype=torch.uint8)
+    slots = torch.tensor([3, 40, 41, 95, 64, 17, 31, 16], dtype=torch.int64)
+    indexer_k_quant_and_cache_triton(torch.randn(8, dim), theirs, slots, 128, "ue8m0")
+    assert theirs.any()
+    # Read back what vLLM wrote with our offsets, write it again with our writer.
+    flat = theirs.view(pages, -1)
+    offs = shuffle_offsets(page_size, dim)
+    ours = strided_cache(pages, page_size, dim, 0, "cpu")
+    for slot in slots.tolist():
+        page, t = divmod(slot, page_size)
+        key = flat[page, offs[t]]
+        scale = flat[page, page_size * dim + 4 * t : page_size * dim + 4 * t + 4]
+        full = torch.zeros(t + 1, dim, dtype=torch.uint8)
+        full[t] = key
+        scales = torch.zeros(t + 1)
+        scales[t] = scale.view(torch.float32)[0]
+        fresh = strided_cache(1, page_size, dim, 0, "cpu")
+        write_pages(fresh, [0], full, scales)
+        ours.view(pages, -1)[page, offs[t]] = fresh.reshape(-1)[offs[t]]
+        base = page_size * dim + 4 * t
+        ours.view(pages, -1)[page, base : base + 4] = fresh.reshape(-1)[base : base + 4]
+    assert torch.equal(ours.view(pages, -1), flat)
+
+
+# --------------------------------------------------------------------------------------------
+# CPU: split_cache and candidate_logits' argument checks
+# --------------------------------------------------------------------------------------------
+
+
+def test_split_cache_honours_page_stride():
+    cache = strided_cache(5, 32, 128, pad=1000, device="cpu")
+    base = cache.as_strided((cache.untyped_storage().nbytes(),), (1,))
+    base.copy_(torch.randint(0, 255, base.shape, dtype=torch.uint8))
+    keys, scales = cand_logits.split_cache(cache, torch.float8_e4m3fn)
+    stride = 32 * 132 + 1000
+    assert keys.shape == (5, 32 * 128) and scales.shape == (5, 32)
+    assert keys.stride(0) == stride and scales.stride(0) == stride // 4
+    for p in range(5):
+        assert torch.equal(keys[p].view(torch.uint8), base[p * stride : p * stride + 32 * 128])
+        raw = base[p * stride + 32 * 128 : p * stride + 32 * 132].clone().view(torch.float32)
+        assert torch.equal(scales[p].view(torch.int32), raw.view(torch.int32))
+    assert keys.untyped_storage().data_ptr() == cache.untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "text"),
+    [
+        (lambda: strided_cache(2, 8, 128, 0, "cpu"), ValueError, "page size 8"),
+        (lambda: strided_cache(2, 48, 120, 0, "cpu"), ValueError, "dim 120"),
+        (lambda: strided_cache(2, 32, 128, 2, "cpu"), ValueError, "multiple of 4"),
+        (lambda: strided_cache(2, 32, 128, 0, "cpu").float(), TypeError, "uint8"),
+        (lambda: torch.zeros(2, 32, 2, 132, dtype=torch.uint8), ValueError, r"dim \+ 4"),
+        (lambda: torch.zeros(2, 32, 132, dtype=torch.uint8), ValueError, r"dim \+ 4"),
+        (lambda: torch.zeros(2, 132, 1, 32, dtype=torch.uint8).transpose(1, 3), ValueError,
+         "contiguous"),
+        (lambda: torch.zeros(8450, dtype=torch.uint8)[2:].view(2, 32, 1, 132), ValueError,
+         "4-byte"),
+    ],
+)  # fmt: skip
+def test_split_cache_rejects(make, error, text):
+    with pytest.raises(error, match=text):
+        cand_logits.split_cache(make(), torch.float8_e4m3fn)
+
+
+def test_candidate_logits_rejects_bad_shapes():
+    case = make_case(lens=[100, 37], next_n=1, heads=32, page_size=32, blocks=5)
+    rows = 2
+    ok = dict(
+        q_fp8=case.q.reshape(rows, 32, 128),
+        kv_cache=case.kv_cache,
+        weights=case.weights,
+        seq_lens=case.seq_lens,
+        next_n=1,
+        block_table=case.block_table,
+        candidates=case.candidates,
+        cand_block=8,
+        out_logits=torch.empty(rows, 40),
+        out_ids=torch.empty(rows, 40, dtype=torch.int32),
+    )
+    bad = [
+        ("q_fp8", ok["q_fp8"].float(), TypeError),
+        ("q_fp8", ok["q_fp8"][:, :, :64], ValueError),
+        ("weights", case.weights[:, :16], ValueError),
+        ("weights", case.weights.double(), TypeError),
+        ("candidates", case.candidates[:1], ValueError),
+        ("candidates", case.candidates.long(), TypeError),
+        ("out_logits", torch.empty(rows, 41), ValueError),
+        ("out_ids", torch.empty(40, rows, dtype=torch.int32).t(), ValueError),
+        ("seq_lens", torch.tensor([5, 5, 5], dtype=torch.int32), ValueError),
+        ("block_table", case.block_table[:1], ValueError),
+        ("next_n", 3, ValueError),
+        ("cand_block", 0, ValueError),
+    ]
+    for name, value, error in bad:
+        with pytest.raises(error):
+            cand_logits.candidate_logits(**{**ok, name: value})
+    with pytest.raises(ValueError, match="stages_per_program"):
+        cand_logits.candidate_logits(**ok, stages_per_program=-1)
+
+
+# --------------------------------------------------------------------------------------------
+# CPU: the hook's gating
+# --------------------------------------------------------------------------------------------
+
+
+def hook_args(**change):
+    """A call the hook takes (on a GPU): 2 requests x 3 drafts, 64 heads, pages of 64."""
+    batch, next_n, heads = 2, 3, 64
+    rows = batch * next_n
+    args = dict(
+        q_fp8=torch.zeros(batch, next_n, heads, 128, dtype=torch.float8_e4m3fnuz),
+        kv_cache=strided_cache(8, 64, 128, 4096, "cpu"),
+        weights=torch.zeros(rows + 2, heads),
+        seq_lens=torch.full((batch,), 300, dtype=torch.int32),
+        block_table=torch.zeros(batch, 8, dtype=torch.int32),
+        candidates=torch.full((rows + 2, 2048), -1, dtype=torch.int32),
+        block_size=8,
+        indices=torch.full((rows + 2, 512), -7, dtype=torch.int32),
+        topk_tokens=512,
+        dense_is_aiter_gluon=True,
+        requires_padding=False,
+    )
+    args.update(change)
+    return args
+
+
+REFUSED = {
+    "not AITER's Gluon logits": dict(dense_is_aiter_gluon=False),
+    "padding": dict(requires_padding=True),
+    "top-2048": dict(topk_tokens=2048),
+    "16 heads": dict(q_fp8=torch.zeros(2, 3, 16, 128, dtype=torch.float8_e4m3fnuz)),
+    "dim 64": dict(q_fp8=torch.zeros(2, 3, 64, 64, dtype=torch.float8_e4m3fnuz)),
+    "q 3-D": dict(q_fp8=torch.zeros(6, 64, 128, dtype=torch.float8_e4m3fnuz)),
+    "q bf16": dict(q_fp8=torch.zeros(2, 3, 64, 128, dtype=torch.bfloat16)),
+    "q strided": dict(q_fp8=torch.zeros(2, 3, 128, 128, dtype=torch.float8_e4m3fnuz)[:, :, ::2]),
+    "cache fp8": dict(kv_cache=strided_cache(8, 64, 128, 0, "cpu").view(torch.float8_e4m3fnuz)),
+    "cache dim 64": dict(kv_cache=strided_cache(8, 64, 64, 0, "cpu")),
+    "page 8": dict(kv_cache=strided_cache(8, 8, 128, 0, "cpu")),
+    "page 1": dict(kv_cache=strided_cache(8, 1, 128, 0, "cpu")),
+    "page stride 2": dict(kv_cache=strided_cache(8, 64, 128, 2, "cpu")),
+    "cache 3-D": dict(kv_cache=torch.zeros(8, 64, 132, dtype=torch.uint8)),
+    "weights fp16": dict(weights=torch.zeros(8, 64, dtype=torch.float16)),
+    "weights strided": dict(weights=torch.zeros(8, 128)[:, ::2]),
+    "weights short": dict(weights=torch.zeros(5, 64)),
+    "seq_lens int64": dict(seq_lens=torch.full((2,), 300, dtype=torch.int64)),
+    "seq_lens wrong count": dict(seq_lens=torch.full((4,), 300, dtype=torch.int32)),
+    "seq_lens strided": dict(seq_lens=torch.full((4,), 300, dtype=torch.int32)[::2]),
+    "block table int64": dict(block_table=torch.zeros(2, 8, dtype=torch.int64)),
+    "block table strided": dict(block_table=torch.zeros(2, 16, dtype=torch.int32)[:, ::2]),
+    "block table short": dict(block_table=torch.zeros(1, 8, dtype=torch.int32)),
+    "candidates int64": dict(candidates=torch.zeros(8, 2048, dtype=torch.int64)),
+    "candidates strided": dict(candidates=torch.zeros(8, 4096, dtype=torch.int32)[:, ::2]),
+    "candidates short": dict(candidates=torch.zeros(5, 2048, dtype=torch.int32)),
+    "512 candidate columns": dict(candidates=torch.zeros(8, 64, dtype=torch.int32)),
+    "16392 candidate columns": dict(candidates=torch.zeros(8, 2049, dtype=torch.int32)),
+    "block size 0": dict(block_size=0),
+    "indices int64": dict(indices=torch.zeros(8, 512, dtype=torch.int64)),
+    "indices strided": dict(indices=torch.zeros(8, 1024, dtype=torch.int32)[:, ::2]),
+    "indices narrow": dict(indices=torch.zeros(8, 256, dtype=torch.int32)),
+    "indices short": dict(indices=torch.zeros(5, 512, dtype=torch.int32)),
+}
+
+
+def test_hook_takes_the_base_call():
+    """The base call passes every check, so each refusal below is caused by its one change."""
+    assert cand_logits._hook_takes(**hook_args())
+    # 2-D lengths, one per row, are taken too; so are 513 candidate columns.
+    assert cand_logits._hook_takes(**hook_args(seq_lens=torch.zeros(2, 3, dtype=torch.int32)))
+    assert cand_logits._hook_takes(
+        **hook_args(candidates=torch.zeros(8, 513, dtype=torch.int32), block_size=1)
+    )
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_hook_refuses_and_writes_nothing(name):
+    args = hook_args(**REFUSED[name])
+    before = {k: v.clone() for k, v in args.items() if isinstance(v, torch.Tensor)}
+    assert cand_logits.candidate_logits_top_k(**args) is False
+    for k, v in before.items():
+        as_bytes = lambda t: t.contiguous().view(torch.uint8)
+        assert torch.equal(as_bytes(args[k]), as_bytes(v)), k
+
+
+@pytest.fixture
+def fake_topk(monkeypatch):
+    """ops.topk with a recording compact_top_k_512, and candidate_logits recording its call."""
+    calls = {}
+    module = types.ModuleType("dsv41_gfx942_plugin.ops.topk")
+
+    def compact_top_k_512(logits, ids, seq_lens, next_n, indices):
+        calls["topk"] = (logits, ids, seq_lens, next_n, indices)
+        return calls.get("answer", True)
+
+    def fake_candidate_logits(*args, **kwargs):
+        calls["logits"] = args
+
+    module.compact_top_k_512 = compact_top_k_512
+    monkeypatch.setitem(sys.modules, "dsv41_gfx942_plugin.ops.topk", module)
+    monkeypatch.setattr(cand_logits, "candidate_logits", fake_candidate_logits)
+    return calls
+
+
+def test_hook_hands_compact_rows_to_the_top_k(fake_topk):
+    args = hook_args()
+    assert cand_logits.candidate_logits_top_k(**args) is True
+    q, cache, weights, seq_lens, next_n, table, cand, block, logits, ids = fake_topk["logits"]
+    assert q.shape == (6, 64, 128) and q.data_ptr() == args["q_fp8"].data_ptr()
+    assert weights.shape == (6, 64) and cand.shape == (6, 2048) and next_n == 3 and block == 8
+    assert logits.shape == ids.shape == (6, 2048 * 8) and ids.dtype == torch.int32
+    t_logits, t_ids, t_lens, t_next_n, indices = fake_topk["topk"]
+    assert t_logits is logits and t_ids is ids and t_lens is seq_lens and t_next_n == 3
+    assert indices.shape == (6, 512) and indices.data_ptr() == args["indices"].data_ptr()
+
+
+def test_hook_returns_false_when_the_top_k_declines(fake_topk):
+    fake_topk["answer"] = False
+    assert cand_logits.candidate_logits_top_k(**hook_args()) is False
+
+
+def test_hook_returns_false_when_the_top_k_is_not_built(fake_topk, monkeypatch):
+    module = sys.modules["dsv41_gfx942_plugin.ops.topk"]
+    monkeypatch.setattr(module, "build", lambda: False, raising=False)
+    assert cand_logits.candidate_logits_top_k(**hook_args()) is False
+    assert "logits" not in fake_topk and "topk" not in fake_topk
+
+
+def test_hook_returns_false_without_compact_top_k(monkeypatch):
+    monkeypatch.setitem(sys.modules, "dsv41_gfx942_plugin.ops.topk", types.ModuleType("topk"))
+    launched = []
+    monkeypatch.setattr(cand_logits, "candidate_logits", lambda *a, **k: launched.append(a))
+    args = hook_args()
+    assert cand_logits.candidate_logits_top_k(**args) is False
+    assert not launched and (args["indices"] == -7).all()
+
+
+# --------------------------------------------------------------------------------------------
+# CPU: the gfx942 kernel compiles to the MFMA FP8 code AITER's dense kernel runs
+# --------------------------------------------------------------------------------------------
+
+_ARGS = [
+    "q", "stride_q_row", "stride_q_head", "keys", "stride_k_page", "scales", "stride_scale_page",
+    "seq_lens", "next_n", "block_table", "stride_bt_row", "cand", "stride_cand_row", "weights",
+    "stride_w_row", "out_logits", "out_ids", "row_len", "splits_per_row",
+]  # fmt: skip
+_POINTERS = {
+    "q": "*fp8e4b8", "keys": "*fp8e4b8", "scales": "*fp32", "seq_lens": "*i32",
+    "block_table": "*i32", "cand": "*i32", "weights": "*fp32", "out_logits": "*fp32",
+    "out_ids": "*i32",
+}  # fmt: skip
+
+# AITER's dense gfx942 kernel (`_gluon_deepgemm_fp8_paged_mqa_logits_preshuffle`, ChunkK=256,
+# HiddenDim=128, num_warps=4, waves_per_eu=2, as vLLM calls it), compiled on this CPU machine
+# with triton 3.8.0 (the vllm==0.33.0 venv) from ROCm/aiter at e4048607a5 (main, 2026-11; the
+# kernel file last changed in 9791b8c150, "Fix 32-bit KV block offsets"), with the KV stride
+# divisibility hint vLLM's 16-byte-multiple page stride gets (`is_padded_mode`). Without the hint
+# it takes more: 120/127/122 VGPRs (32 heads), 177/183/179 (64 heads).
+DENSE_VGPRS = {
+    (32, 32): 87,
+    (32, 64): 91,
+    (32, 128): 87,
+    (64, 32): 137,
+    (64, 64): 141,
+    (64, 128): 137,
+}
+# Per MFMA, the dense kernel's head reduction and epilogue (same compile): 128 MFMAs (64 heads,
+# four stages) came with 32 v_pk_fma_f32, 28 v_pk_add_f32, 16 v_add_f32 and 16 ds_bpermute_b32.
+DENSE_REDUCTION_PER_STAGE_64 = {
+    "v_pk_fma_f32": 8,
+    "v_pk_add_f32": 7,
+    "v_add_f32_e32": 4,
+    "ds_bpermute_b32": 4,
+}
+
+
+def compile_gfx942(heads: int, page_size: int, per_row: bool = True):
+    sig = {name: _POINTERS.get(name, "i32") for name in _ARGS}
+    constexprs = dict(
+        SeqLensIs2D=per_row, StagesPerProgram=1, Heads=heads, HiddenDim=128,
+        PageSize=page_size, CandBlock=8,
+    )  # fmt: skip
+    sig.update(dict.fromkeys(constexprs, "constexpr"))
+    src = GluonASTSource(cand_logits._cand_logits_gfx942, sig, constexprs)
+    options = {"num_warps": cand_logits.NUM_WARPS, "waves_per_eu": cand_logits.WAVES_PER_EU}
+    return triton.compile(src, target=GPUTarget("hip", "gfx942", 64), options=options)
+
+
+def compile_twin_sm90() -> str:
+    sig = {name: _POINTERS.get(name, "i32").replace("fp8e4b8", "fp8e4nv") for name in _ARGS}
+    constexprs = dict(
+        SeqLensIs2D=False, StagesPerProgram=2, Heads=32, HiddenDim=128, PageSize=32,
+        CandBlock=8, Columns=cand_logits.TWIN_COLUMNS, ThreadsPerWarp=32,
+    )  # fmt: skip
+    sig.update(dict.fromkeys(constexprs, "constexpr"))
+    src = GluonASTSource(cand_logits._cand_logits_portable, sig, constexprs)
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    return kernel.asm["ptx"]
+
+
+def amdgcn_summary(asm: str) -> dict:
+    fields = ("vgpr_count", "agpr_count", "vgpr_spill_count", "sgpr_spill_count")
+    fields += ("private_segment_fixed_size",)
+    out = {f: int(re.search(rf"\.{f}:\s+(\d+)", asm).group(1)) for f in fields}
+    ops = ("v_mfma_f32_16x16x32_fp8_fp8", "scratch_", *DENSE_REDUCTION_PER_STAGE_64)
+    out.update({op: len(re.findall(rf"\b{op}", asm)) for op in ops})
+    return out
+
+
+def _compile_all() -> dict:
+    out = {}
+    for heads in (32, 64):
+        for page_size in (32, 64, 128):
+            kernel = compile_gfx942(heads, page_size, per_row=page_size != 64)
+            out[f"{heads}-{page_size}"] = amdgcn_summary(kernel.asm["amdgcn"])
+    out["twin-ptx-loads"] = compile_twin_sm90().count("ld.global")
+    return out
+
+
+@pytest.fixture(scope="module")
+def builds():
+    """All compiles in one fresh process (about 10 s): once a Triton kernel has run in the
+    interpreter (TRITON_INTERPRET=1, as CI runs the suite), later Gluon compiles in that process
+    fail (triton 3.8: "'ir.value' object has no attribute 'dtype'")."""
+    code = "import json, test_cand_logits as t; print(json.dumps(t._compile_all()))"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), *sys.path])}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("heads", [32, 64])
+@pytest.mark.parametrize("page_size", [32, 64, 128])
+def test_gfx942_kernel_compiles_to_mfma_fp8(builds, heads, page_size):
+    meta = builds[f"{heads}-{page_size}"]
+    # One stage: heads/16 x 8 column tiles of 16x16, 4 MFMAs of K=32 over dim 128, 4 waves.
+    assert meta["v_mfma_f32_16x16x32_fp8_fp8"] == heads // 16 * 8 * 4 // 4
+    assert meta["vgpr_spill_count"] == meta["sgpr_spill_count"] == 0
+    assert meta["private_segment_fixed_size"] == 0 and meta["scratch_"] == 0
+    assert meta["vgpr_count"] + meta["agpr_count"] <= DENSE_VGPRS[(heads, page_size)]
+
+
+def test_gfx942_reduction_matches_dense_kernel(builds):
+    """The head reduction and epilogue compile to the dense kernel's instructions per stage."""
+    meta = builds["64-64"]
+    assert {op: meta[op] for op in DENSE_REDUCTION_PER_STAGE_64} == DENSE_REDUCTION_PER_STAGE_64
+
+
+def test_portable_twin_compiles_for_sm90(builds):
+    """The twin the GPU tests run still compiles (sm_90, warp 32) where there is no GPU."""
+    assert builds["twin-ptx-loads"] > 0
+
+
+def test_layout_choice_is_aiters(monkeypatch):
+    """The kernel uses the probe's answer (or AITER's, where importable: then both agree), and the
+    probe answers what AITER's module tests: whether a 2-D instr_shape is accepted."""
+    assert bool(_cand_layout.USE_2D_INSTR_SHAPE) == _cand_layout.own_use_2d_instr_shape()
+    if not _cand_layout.FROM_AITER:
+        assert _cand_layout.sum_combine is _cand_layout._own_sum_combine
+    real = _cand_layout.gl.amd.AMDMFMALayout
+
+    def strict(**kw):  # a Triton that wants (M, N, K)
+        if len(kw["instr_shape"]) != 3:
+            raise AssertionError("instr_shape must follow the (M, N, K) format")
+        return real(**kw)
+
+    monkeypatch.setattr(_cand_layout.gl.amd, "AMDMFMALayout", strict)
+    assert _cand_layout.own_use_2d_instr_shape() is False
+    monkeypatch.setattr(_cand_layout.gl.amd, "AMDMFMALayout", lambda **kw: kw)
+    assert _cand_layout.own_use_2d_instr_shape() is True
+
+
+# --------------------------------------------------------------------------------------------
+# GPU: the twin (shared addressing) against the float reference
+# --------------------------------------------------------------------------------------------
+
+
+def check_against_reference(case: Case, **kw):
+    logits, ids = run_candidate_logits(case, **kw)
+    ref_logits, ref_ids = reference(case)
+    assert torch.equal(ids.cpu(), ref_ids)
+    live = ref_ids >= 0
+    assert torch.isneginf(logits.cpu()[~live]).all()
+    got = logits.cpu()[live].double()
+    want = ref_logits[live]
+    scale = want.abs().max().item() if want.numel() else 1.0
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * scale)
+    return live
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("heads", [32, 64])
+@pytest.mark.parametrize("page_size", [32, 64, 128])
+def test_twin_matches_reference(heads, page_size):
+    """Strided pages in random order, 2-D per-row lengths, blocks past and across row ends."""
+    case = make_case(
+        lens=[700, 65, 1, 301], next_n=1, heads=heads, page_size=page_size, blocks=37,
+        device="cuda", seed=heads + page_size,
+    )  # fmt: skip
+    live = check_against_reference(case)
+    assert live.any() and (~live).any()
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("next_n", [2, 3])
+@pytest.mark.parametrize("per_row", [False, True])
+def test_twin_draft_rows(next_n, per_row):
+    """Rows of draft positions: 1-D lengths (end = len - next_n + j + 1, some <= 0) and 2-D."""
+    case = make_case(
+        lens=[2, 129, 500], next_n=next_n, heads=64, page_size=32, blocks=33, per_row=per_row,
+        device="cuda", seed=next_n,
+    )  # fmt: skip
+    check_against_reference(case)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_twin_blocks_cross_pages_and_short_rows():
+    """Candidate blocks of 12 columns straddle 32-key pages; rows end inside blocks, at 0, and
+    far before the candidate span; the stage count exceeds the row (stages_per_program=3)."""
+    case = make_case(
+        lens=[1000, 33, 250], next_n=2, heads=32, page_size=32, blocks=50, cand_block=12,
+        per_row=True, row_ends=[999, 0, 33, 5, 250, 131], device="cuda", seed=7,
+    )  # fmt: skip
+    for stages in (0, 3):
+        check_against_reference(case, stages_per_program=stages)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_twin_page_offsets_past_2gib():
+    """Pages whose byte offset exceeds 2**31 (AITER once gave zero logits there)."""
+    page_bytes = 64 * 132
+    pad = (1 << 31) // 40 - page_bytes  # 40 pages span 2 GiB; 64 pages end near 3.4 GiB
+    pad -= pad % 16
+    case = make_case(
+        lens=[1500, 900], next_n=1, heads=64, page_size=64, blocks=300, pad=pad, device="cuda",
+        min_page=40, extra_pages=0, seed=11,
+    )  # fmt: skip
+    assert case.block_table[case.block_table < (1 << 30)].min().item() >= 41
+    live = check_against_reference(case)
+    assert live.sum() > 1000
