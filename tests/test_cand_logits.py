@@ -102,6 +102,7 @@ def make_case(
     seed=0,
     extra_pages=3,
     min_page=0,
+    drop=0.2,
 ):
     """A decode step: requests of `lens` positions, pages in a random order of a strided cache
     (physical page 0 unused and full of NaN bytes, so dead entries that read it must still write
@@ -139,10 +140,13 @@ def make_case(
         ends = [max(0, lens[r // next_n] - next_n + r % next_n + 1) for r in range(rows)]
     candidates = torch.empty(rows, blocks, dtype=torch.int32)
     for r in range(rows):
-        span = math.ceil(max(ends[r], 1) / cand_block) + 3  # includes blocks past the end
-        pick = torch.randint(0, span, (blocks,), generator=g)
-        pick[torch.rand(blocks, generator=g) < 0.2] = -1
-        candidates[r] = pick.to(torch.int32)
+        # Distinct blocks (as vLLM's selection gives), some past the end, -1 anywhere.
+        span = math.ceil(max(ends[r], 1) / cand_block) + 3
+        pick = torch.full((blocks,), -1, dtype=torch.int64)
+        take = min(span, blocks)
+        pick[:take] = torch.randperm(span, generator=g)[:take]
+        pick[torch.rand(blocks, generator=g) < drop] = -1
+        candidates[r] = pick[torch.randperm(blocks, generator=g)].to(torch.int32)
     return Case(
         q=q.to(device),
         kv_cache=cache,
