@@ -405,3 +405,16 @@ def skip_decode_fill(has_prefill, num_decode_tokens, num_tokens, decode) -> bool
         and num_decode_tokens == num_tokens
         and build()
     )
+
+
+def candidate_logits_top_k(
+    q_fp8, kv_cache, weights, seq_lens, block_table, candidates, block_size, indices,
+    topk_tokens, dense_is_aiter_gluon, requires_padding,
+) -> bool:  # fmt: skip
+    """Layers 24-36: the candidate-only FP8 logits (Gluon, ``cand_logits``) and their compact
+    top-512, instead of vLLM's dense logits, mask and top-k. Lives with the other top-k hooks
+    so the indexer finds them in one module; imported lazily (Gluon compiles on first call)."""
+    from .cand_logits import candidate_logits_top_k as hook
+
+    return hook(q_fp8, kv_cache, weights, seq_lens, block_table, candidates, block_size,
+                indices, topk_tokens, dense_is_aiter_gluon, requires_padding)  # fmt: skip
