@@ -1,33 +1,257 @@
 """The plugin's DeepSeek-V4.1 sparse indexer layer: vLLM's, with the gfx942 decode path.
 
 ``patches.py`` installs :func:`make_indexer_cls` as ``DeepseekV4Indexer.attn_cls``, so DSv4.1's
-FP8 indexer layers (and no other model's) are built from this subclass of vLLM's
-``SparseAttnIndexer``. Its ``forward_hip`` runs the plugin's decode path on a step it can take
-and vLLM's own ``forward_hip`` on every other step.
+FP8 indexer layers (and no other model's) are built from a subclass of vLLM's
+``SparseAttnIndexer``. Its ``forward_hip`` calls :func:`indexer_step`, which, like vLLM's
+``rocm_aiter_sparse_attn_indexer``, is an eager break of a breakable CUDA graph: its Python runs
+at every step, so it chooses per step between
+
+* vLLM's op, unchanged: the profile run, prefill and mixed steps, a layer that writes its own
+  K cache, a non-FP8/non-AITER configuration; and
+* :func:`decode_step`, vLLM's decode branch with the plugin's hooks in front of vLLM's ops.
+
+Under FULL CUDA graphs the step is captured inline instead, and every host-side choice holds for
+every replay of that graph: the choices below depend only on shapes, dtypes, the layer's
+configuration and the metadata's structure (never on this step's lengths, which the kernels read
+from device memory), and vLLM keys FULL graphs by batch shape.
 """
 
 from __future__ import annotations
 
+import atexit
+
+import torch
+from vllm.compilation.breakable_cudagraph import eager_break_during_capture
+from vllm.config import CUDAGraphMode
+from vllm.forward_context import get_forward_context
+from vllm.v1.attention.backends.mla.indexer import DeepseekV32IndexerMetadata
+from vllm.v1.attention.ops import common as _vllm_common
+from vllm.v1.attention.ops import rocm_aiter_mla_sparse as _vllm_rocm
+
+from . import counters, envs
 from ._log import logger
+from .ops import topk
+
+_first_layer: str | None = None
 
 
 def make_indexer_cls(original: type) -> type:
-    """A subclass of vLLM's ``SparseAttnIndexer`` (``original``) whose HIP path runs the
-    plugin's decode path where it can."""
+    """A subclass of vLLM's ``SparseAttnIndexer`` (``original``) whose HIP path runs
+    :func:`indexer_step`."""
 
     class Dsv41Gfx942SparseAttnIndexer(original):
         """vLLM's sparse indexer op with the plugin's gfx942 decode path in ``forward_hip``."""
 
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
+            # Read once per layer: the switches hold for the process.
+            self.dsv41_topk = envs.enabled("topk")
+            self.dsv41_cand_logits = envs.enabled("cand_logits")
+            # Load the code object now (model load: the device is set, no capture runs),
+            # never at the first decode step.
+            if self.dsv41_topk or self.dsv41_cand_logits:
+                topk.build()
             logger.info_once(
-                "dsv41_gfx942: DeepSeek-V4.1 indexer decode steps are served by the plugin "
-                "(vLLM's op serves the rest)"
+                "dsv41_gfx942: DeepSeek-V4.1 indexer decode steps are served by the plugin's "
+                "decode path (vLLM's op serves every other step)"
             )
 
         def forward_hip(self, hidden_states, q_quant, k, weights):
-            return super().forward_hip(hidden_states, q_quant, k, weights)
+            if self.use_fp4_cache or not isinstance(q_quant, torch.Tensor):
+                return super().forward_hip(hidden_states, q_quant, k, weights)
+            return indexer_step(self, hidden_states, q_quant, k, weights)
 
     Dsv41Gfx942SparseAttnIndexer.__qualname__ = "Dsv41Gfx942SparseAttnIndexer"
     Dsv41Gfx942SparseAttnIndexer.__module__ = __name__
     return Dsv41Gfx942SparseAttnIndexer
+
+
+def _aiter_enabled() -> bool:
+    from vllm._aiter_ops import rocm_aiter_ops
+
+    return rocm_aiter_ops.is_enabled()
+
+
+def _why_vllm(layer, meta) -> str | None:
+    """Why this step must run vLLM's op, or None for a decode step the plugin takes."""
+    if not isinstance(meta, DeepseekV32IndexerMetadata):
+        return "no indexer metadata (profile or dummy run)"
+    if meta.num_prefills > 0:
+        return "prefill or mixed step"
+    if meta.num_decodes == 0 or meta.decode is None:
+        return "no decode rows"
+    if not layer.skip_k_cache_insert:
+        return "layer writes its own K cache"
+    if not _aiter_enabled():
+        return "AITER is off (VLLM_ROCM_USE_AITER=0)"
+    return None
+
+
+@eager_break_during_capture
+def indexer_step(layer, hidden_states, q_fp8, k, weights) -> torch.Tensor:
+    """One step of ``layer``: the plugin's decode path or vLLM's op (see the module doc)."""
+    attn_metadata = get_forward_context().attn_metadata
+    meta = attn_metadata.get(layer.k_cache.prefix) if isinstance(attn_metadata, dict) else None
+    reason = _why_vllm(layer, meta)
+    counters.record("indexer_decode", reason is None, reason or "")
+    if reason is not None:
+        return _vllm_rocm.rocm_aiter_sparse_attn_indexer(
+            hidden_states, layer.k_cache.prefix, layer.k_cache.kv_cache, q_fp8, k, weights,
+            layer.quant_block_size, layer.scale_fmt, layer.topk_tokens, layer.head_dim,
+            layer.max_model_len, layer.max_total_seq_len, layer.topk_indices_buffer,
+            skip_k_cache_insert=layer.skip_k_cache_insert,
+            compress_ratio=layer.compress_ratio,
+            candidate_blocks=layer.candidate_blocks,
+            candidate_block_size=layer.candidate_block_size,
+            candidate_write=layer.candidate_write,
+        )  # fmt: skip
+    _note_step(layer.k_cache.prefix)
+    return decode_step(layer, meta, hidden_states.shape[0], q_fp8, weights)
+
+
+def _note_step(prefix: str) -> None:
+    """Log which hooks serve once the first decode step has passed every layer (when the
+    first layer comes round again), and a summary at exit."""
+    global _first_layer
+    if _first_layer is None:
+        _first_layer = prefix
+        atexit.register(lambda: logger.info("dsv41_gfx942 hook counters: %s", counters.summary()))
+    elif prefix == _first_layer:
+        logger.info_once("dsv41_gfx942: first decode step done; hooks taken/decided: %s",
+                         counters.summary())  # fmt: skip
+
+
+def _hook(name: str, on: bool, call) -> bool:
+    """Run a hook that may decline; count its decision."""
+    if not on:
+        counters.record(name, False, "switched off")
+        return False
+    taken = bool(call())
+    counters.record(name, taken, "" if taken else "declined by the hook")
+    return taken
+
+
+def decode_step(layer, meta, num_tokens: int, q_fp8, weights) -> torch.Tensor:
+    """vLLM 0.33.0's decode branch of ``rocm_aiter_sparse_attn_indexer`` for a decode-only step
+    whose K cache the model already wrote, each op behind the plugin hook that may replace it:
+    fill, (readers) candidate logits + top-k, paged logits, (writer) candidate selection,
+    (readers) candidate top-k or mask, top-k, unpack of padded rows."""
+    decode = meta.decode
+    buf = layer.topk_indices_buffer
+    n_dec = meta.num_decode_tokens
+    on = layer.dsv41_topk
+    if not (on and topk.skip_decode_fill(False, n_dec, num_tokens, decode)):
+        buf[:num_tokens] = -1
+
+    kv_cache = layer.k_cache.kv_cache.unsqueeze(-2)  # [pages, page_size, 1, dim + 4]
+    if decode.requires_padding:
+        q = _vllm_common.pack_seq_triton(q_fp8[:n_dec], decode.decode_lens)
+    else:
+        q = q_fp8[:n_dec].reshape(decode.decode_lens.shape[0], -1, *q_fp8.shape[1:])
+    batch, next_n = q.shape[:2]
+    rows = batch * next_n
+    out = buf[:rows, : layer.topk_tokens]
+    cands = layer.candidate_blocks
+    reader = cands is not None and not layer.candidate_write
+
+    dense_is_aiter_gluon = kv_cache.shape[1] > 1 and not _vllm_rocm._indexer_k_is_c4a_block_flat(
+        layer.compress_ratio
+    )
+    done = reader and _hook(
+        "candidate_logits_top_k",
+        on and layer.dsv41_cand_logits,
+        lambda: topk.candidate_logits_top_k(
+            q, kv_cache, weights, decode.seq_lens, decode.block_table, cands,
+            layer.candidate_block_size, out, layer.topk_tokens, dense_is_aiter_gluon,
+            decode.requires_padding,
+        ),
+    )  # fmt: skip
+    if not done:
+        logits = _vllm_rocm.rocm_fp8_paged_mqa_logits(
+            q, kv_cache, weights[:rows], decode.seq_lens, decode.block_table,
+            decode.schedule_metadata, max_model_len=layer.max_model_len,
+            compress_ratio=layer.compress_ratio,
+        )  # fmt: skip
+        done = _candidates(layer, logits, next_n, decode.seq_lens, out, on)
+    if not done:
+        _top_k(layer, meta, logits, next_n, out, on)
+
+    if decode.requires_padding:
+        unpacked = _vllm_common.unpack_seq_triton(
+            out.reshape(batch, next_n, out.shape[-1]), decode.decode_lens
+        )
+        buf[:n_dec, : unpacked.shape[-1]] = unpacked
+    return buf
+
+
+def _candidates(layer, logits, next_n: int, seq_lens, out, on: bool) -> bool:
+    """Layer 20 writes its candidate blocks; layers 24-36 restrict to theirs. True when the
+    reader's top-512 is already in ``out``."""
+    cands = layer.candidate_blocks
+    if cands is None:
+        return False
+    rows = logits.shape[0]
+    cands = cands[:rows]
+    size = layer.candidate_block_size
+    if layer.candidate_write:
+
+        def select():
+            return topk.select_candidates(logits, next_n, seq_lens, size, cands)
+
+        if not _hook("select_candidates", on, select):
+            from vllm.model_executor.layers.sparse_attn_indexer import _select_candidate_blocks
+
+            starts, ends = _candidate_row_bounds(seq_lens, rows, next_n)
+            _select_candidate_blocks(logits, starts, ends, cands.shape[1], size, cands)
+        return False
+    if _hook("candidate_top_k", on, lambda: topk.candidate_top_k(
+            logits, next_n, seq_lens, cands, size, out, layer.topk_tokens)):  # fmt: skip
+        return True
+    starts, ends = _candidate_row_bounds(seq_lens, rows, next_n)
+    _vllm_rocm._apply_candidate_mask_strided(logits, starts, ends, cands, size)
+    return False
+
+
+def _candidate_row_bounds(seq_lens, rows: int, next_n: int):
+    """vLLM's row bounds for its candidate kernels: every draft row of a request ends at the
+    request's length (``seq_lens`` repeated ``next_n`` times when it holds one per request)."""
+    visible = seq_lens.reshape(-1)
+    if visible.numel() != rows:
+        visible = visible.repeat_interleave(next_n)
+    visible = visible[:rows].to(torch.int64)
+    return torch.zeros_like(visible), visible
+
+
+def _top_k(layer, meta, logits, next_n: int, out, on: bool) -> None:
+    """vLLM's decode top-k choice: AITER's indexer top-k where vLLM would take it (never on
+    gfx942: it is gfx950-only), else the plugin's top-512, else vLLM's ``top_k_per_row_decode``."""
+    from vllm._aiter_ops import rocm_aiter_ops
+
+    decode = meta.decode
+    rows = logits.shape[0]
+    if get_forward_context().cudagraph_runtime_mode == CUDAGraphMode.FULL:
+        max_len = layer.max_model_len  # a bound that holds at every replay
+    else:
+        max_len = meta.max_seq_len // layer.compress_ratio
+    if rocm_aiter_ops.is_indexer_top_k_supported(
+        is_prefill=False, compress_ratio=layer.compress_ratio, num_rows=rows,
+        max_valid_seq_len=max_len, topk_tokens=layer.topk_tokens,
+    ) and not rocm_aiter_ops.dsv4_indexer_prefers_native_top_k(
+        num_rows=rows, num_columns=logits.shape[1], topk_tokens=layer.topk_tokens
+    ):  # fmt: skip
+        counters.record("decode_top_k", False, "AITER's indexer top-k serves")
+        rocm_aiter_ops.indexer_top_k_decode(
+            logits, 1, decode.seq_lens.reshape(-1), out, layer.topk_tokens
+        )
+        return
+    if not _hook("decode_top_k", on, lambda: topk.decode_top_k(
+            logits, next_n, decode.seq_lens, out, layer.topk_tokens)):  # fmt: skip
+        vllm_top_k_per_row_decode(logits, next_n, decode.seq_lens, out, layer.topk_tokens)
+
+
+def vllm_top_k_per_row_decode(logits, next_n: int, seq_lens, out, topk_tokens: int) -> None:
+    """vLLM's C++ decode top-k (``torch.ops._C.top_k_per_row_decode``)."""
+    torch.ops._C.top_k_per_row_decode(
+        logits, next_n, seq_lens, out, logits.shape[0], logits.stride(0), logits.stride(1),
+        topk_tokens,
+    )  # fmt: skip

@@ -14,8 +14,9 @@
      (``CustomOp`` binds its forward in ``__init__``): vLLM loads general plugins in each worker
      before that.
    - Checked first: ``attn_cls`` is still vLLM's ``SparseAttnIndexer``; the parameters of
-     ``SparseAttnIndexer.__init__`` and ``.forward_hip`` and of
-     ``rocm_aiter_sparse_attn_indexer`` (whose decode branch the plugin's path reproduces).
+     ``SparseAttnIndexer.__init__`` and ``.forward_hip``, of ``rocm_aiter_sparse_attn_indexer``
+     (whose decode branch the plugin's path reproduces and which serves every other step), of
+     each vLLM op that decode branch calls, and of the indexer metadata it reads.
    - Removed by: an upstream hook for the indexer's decode top-k/logits (a registered
      ``top_k_per_row_decode`` backend), or vLLM enabling its in-tree gfx942 ops without
      ``--monokernel``.
@@ -43,6 +44,9 @@ from .patching import Expect, Patch
 _SAI = "vllm.model_executor.layers.sparse_attn_indexer:SparseAttnIndexer"
 _ROCM_OP = "vllm.v1.attention.ops.rocm_aiter_mla_sparse:rocm_aiter_sparse_attn_indexer"
 _SPEC = "vllm.v1.worker.gpu.spec_decode.dspark.speculator:DSparkSpeculator"
+_ROCM = "vllm.v1.attention.ops.rocm_aiter_mla_sparse"
+_COMMON = "vllm.v1.attention.ops.common"
+_META = "vllm.v1.attention.backends.mla.indexer"
 
 
 def _make_indexer(original):
@@ -83,6 +87,28 @@ INDEXER = Patch(
                 "compress_ratio", "candidate_blocks", "candidate_block_size", "candidate_write",
             ),
         ),
+        # What the plugin's decode path (indexer.decode_step) calls or reads of vLLM.
+        Expect(f"{_ROCM}:rocm_fp8_paged_mqa_logits", params=(
+            "q_fp8", "kv_cache_fp8", "weights", "context_lens", "block_tables",
+            "schedule_metadata", "max_model_len", "compress_ratio")),
+        Expect(f"{_ROCM}:_apply_candidate_mask_strided", params=(
+            "logits", "row_ks", "row_ke", "candidate_blocks", "block_size", "row_repeat")),
+        Expect(f"{_ROCM}:_indexer_k_is_c4a_block_flat", params=("compress_ratio",)),
+        Expect("vllm.model_executor.layers.sparse_attn_indexer:_select_candidate_blocks",
+               params=("logits", "row_ks", "row_ke", "topk_blocks", "block_size", "out",
+                       "row_repeat")),
+        Expect(f"{_COMMON}:pack_seq_triton",
+               params=("x", "lengths", "pad_value", "block_t", "block_d")),
+        Expect(f"{_COMMON}:unpack_seq_triton",
+               params=("packed_tensor", "lengths", "block_t", "block_d")),
+        Expect(f"{_META}:DeepseekV32IndexerMetadata", params=(
+            "seq_lens", "max_seq_len", "slot_mapping", "num_decodes", "num_decode_tokens",
+            "num_prefills", "num_prefill_tokens", "decode", "prefill", "positions",
+            "block_table")),
+        Expect(f"{_META}:DeepSeekV32IndexerDecodeMetadata", params=(
+            "block_table", "seq_lens", "decode_lens", "requires_padding", "schedule_metadata",
+            "global_seq_lens", "per_req_decode_lens", "decode_is_uniform",
+            "write_max_decode_len", "indices")),
     ),
 )  # fmt: skip
 

@@ -1,0 +1,147 @@
+"""Torch references with the contracts of the indexer decode path's pieces, for the CPU tests of
+``indexer.py``: vLLM's AITER logits and C++ top-k do not run on a CPU, so these stand in for
+them (as vLLM's oracle) and, as "hooks that take the call", for the plugin's kernels.
+
+Contracts (``../shared/docs/vllm-0.33-integration.md``):
+* top-k row ends: 2-D ``seq_lens`` -> ``seq_lens.view(-1)[r]``; 1-D -> the causal end
+  ``seq_lens[r // next_n] - next_n + r % next_n + 1``; clamped at 0. A row ending at or before
+  512 gets ``0..end-1`` then -1; a longer row the ids of its 512 largest logits.
+* candidate row ends: ``seq_lens.reshape(-1)``, repeated ``next_n`` times when it holds one
+  length per request.
+"""
+
+from __future__ import annotations
+
+import torch
+
+K = 512
+
+
+def topk_ends(seq_lens: torch.Tensor, rows: int, next_n: int) -> list[int]:
+    if seq_lens.dim() == 2:
+        return [max(0, int(v)) for v in seq_lens.reshape(-1)[:rows]]
+    return [max(0, int(seq_lens[r // next_n]) - next_n + r % next_n + 1) for r in range(rows)]
+
+
+def candidate_ends(seq_lens: torch.Tensor, rows: int, next_n: int) -> list[int]:
+    flat = seq_lens.reshape(-1)
+    if flat.numel() != rows:
+        flat = flat.repeat_interleave(next_n)
+    return [int(v) for v in flat[:rows]]
+
+
+def _row_top_k(values: torch.Tensor, cols: torch.Tensor, end: int, out_row: torch.Tensor):
+    """Top-512 of ``values`` (at column ids ``cols``) into ``out_row``, -1 padded; ties by the
+    lowest column so that two callers given the same row agree exactly."""
+    out_row.fill_(-1)
+    if cols.numel() == 0:
+        return
+    order = sorted(range(cols.numel()), key=lambda i: (-float(values[i]), int(cols[i])))[:K]
+    picked = cols[order]
+    out_row[: picked.numel()] = picked.to(out_row.dtype)
+
+
+def top_k_per_row_decode(logits, next_n, seq_lens, indices, rows, stride0, stride1, k):
+    """``torch.ops._C.top_k_per_row_decode``'s contract (k = 512)."""
+    assert k == K
+    for r, end in enumerate(topk_ends(seq_lens, rows, next_n)):
+        if end <= K:
+            indices[r].fill_(-1)
+            indices[r, :end] = torch.arange(end, dtype=indices.dtype)
+        else:
+            _row_top_k(logits[r, :end], torch.arange(end), end, indices[r])
+
+
+def decode_top_k(logits, next_n, seq_lens, indices, topk_tokens) -> bool:
+    """The plugin hook's contract: the same as vLLM's top-k."""
+    top_k_per_row_decode(logits, next_n, seq_lens, indices, logits.shape[0], 0, 0, topk_tokens)
+    return True
+
+
+def block_scores(row: torch.Tensor, end: int, block_size: int, nblocks: int) -> torch.Tensor:
+    scores = torch.full((nblocks,), float("-inf"))
+    live = row[: min(end, row.numel())]
+    for b in range((live.numel() + block_size - 1) // block_size):
+        chunk = live[b * block_size : (b + 1) * block_size]
+        scores[b] = float("nan") if torch.isnan(chunk).any() else chunk.max()
+    if end > 0:
+        scores[(end - 1) // block_size] = float("inf")  # the newest block is always kept
+    return scores
+
+
+def select_rows(logits, ends, topk_blocks, block_size, out):
+    nblocks = (logits.shape[1] + block_size - 1) // block_size
+    out.fill_(-1)
+    for r, end in enumerate(ends):
+        scores = block_scores(logits[r], end, block_size, nblocks)
+        vals, ids = scores.topk(min(topk_blocks, nblocks))
+        ids = torch.where(vals == float("-inf"), -1, ids)
+        out[r, : ids.numel()] = ids.to(out.dtype)
+
+
+def vllm_select_candidate_blocks(logits, row_ks, row_ke, topk_blocks, block_size, out,
+                                 row_repeat=1):  # fmt: skip
+    """``_select_candidate_blocks``'s contract (its wrapper asserts a CUDA tensor)."""
+    assert row_ks is None or int(row_ks.abs().sum()) == 0
+    select_rows(logits, [int(v) for v in row_ke], topk_blocks, block_size, out)
+
+
+def select_candidates(logits, next_n, seq_lens, block_size, candidates) -> bool:
+    ends = candidate_ends(seq_lens, logits.shape[0], next_n)
+    select_rows(logits, ends, candidates.shape[1], block_size, candidates)
+    return True
+
+
+def candidate_top_k(logits, next_n, seq_lens, candidates, block_size, indices, topk_tokens):
+    """Top-512 among each row's live candidate columns (< the top-k row end), all of them and
+    then -1 when there are fewer than 512 (the plugin's documented difference)."""
+    for r, end in enumerate(topk_ends(seq_lens, logits.shape[0], next_n)):
+        blocks = sorted({int(b) for b in candidates[r] if int(b) >= 0})
+        cols = torch.tensor([b * block_size + i for b in blocks for i in range(block_size)
+                             if b * block_size + i < end], dtype=torch.long)  # fmt: skip
+        if end <= K:
+            indices[r].fill_(-1)
+            indices[r, :end] = torch.arange(end, dtype=indices.dtype)
+        else:
+            _row_top_k(logits[r, cols] if cols.numel() else cols.float(), cols, end, indices[r])
+    return True
+
+
+class PagedLogits:
+    """Stands in for AITER's paged FP8 logits: a fixed random projection of each query row, so
+    that packing and row order matter; columns at or past a row's end hold stale garbage, as
+    AITER leaves them."""
+
+    def __init__(self, width: int, seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        self.proj = torch.randn(16, width, generator=g)
+        self.garbage = torch.rand(1, width, generator=g) * 1e4
+        self.width = width
+
+    def __call__(self, q_fp8, kv_cache, weights, context_lens, block_tables, schedule_metadata,
+                 max_model_len, compress_ratio=1):  # fmt: skip
+        batch, next_n = q_fp8.shape[:2]
+        rows = batch * next_n
+        feats = q_fp8.reshape(rows, -1)[:, :16].float()
+        logits = (feats @ self.proj).round(decimals=1)  # rounding makes ties
+        ends = topk_ends(context_lens, rows, next_n)
+        for r, end in enumerate(ends):
+            logits[r, end:] = self.garbage[0, end:]
+        return logits
+
+
+class CandidateLogitsTopK:
+    """The candidate-logits hook's contract: the top-512 that vLLM's dense logits, candidate
+    mask and top-k give (same references), computed here from the same stand-in logits; it
+    declines padded steps, as the real hook does."""
+
+    def __init__(self, paged_logits: PagedLogits):
+        self.paged_logits = paged_logits
+
+    def __call__(self, q_fp8, kv_cache, weights, seq_lens, block_table, candidates, block_size,
+                 indices, topk_tokens, dense_is_aiter_gluon, requires_padding):  # fmt: skip
+        if requires_padding or not dense_is_aiter_gluon:
+            return False
+        logits = self.paged_logits(q_fp8, kv_cache, weights, seq_lens, block_table, None, 0)
+        return candidate_top_k(logits, q_fp8.shape[1], seq_lens, candidates, block_size,
+                               indices, topk_tokens)  # fmt: skip

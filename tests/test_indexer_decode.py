@@ -1,0 +1,330 @@
+"""The patched DSv4.1 indexer's decode path on vLLM 0.33.0's real objects, on the CPU.
+
+The layer is the plugin's subclass of vLLM's real ``SparseAttnIndexer``, driven through
+``forward_hip`` under vLLM's real ``set_forward_context`` with real ``DeepseekV32IndexerMetadata``.
+The oracle is vLLM's real ``rocm_aiter_sparse_attn_indexer`` on the same inputs. vLLM's Triton
+pieces run for real in the interpreter (pack/unpack of padded rows, the candidate mask); what
+cannot run on a CPU is replaced, for both sides alike, by torch references with the same contract
+(``tests/ref_indexer.py``): AITER's paged logits, vLLM's C++ ``top_k_per_row_decode`` and its
+CUDA-only candidate selection. No code object runs on a CPU, so the plugin's hooks are replaced
+by reference hooks that take the call; then by hooks that decline, where vLLM's op must run at
+each place.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+
+import pytest
+import ref_indexer as ref
+import torch
+
+from dsv41_gfx942_plugin import counters, indexer
+from dsv41_gfx942_plugin.ops import topk
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1" or os.environ.get("CUDA_VISIBLE_DEVICES") != "",
+    reason="vLLM's Triton pieces run on the CPU only with CUDA_VISIBLE_DEVICES= TRITON_INTERPRET=1",
+)
+
+HEADS, DIM, WIDTH, CB = 4, 16, 8192, 8
+PREFIX = "model.layers.{}.attn.indexer.k_cache"
+
+
+@pytest.fixture
+def vllm_env(monkeypatch, clean_plugin):
+    """vLLM's config, its CPU-impossible ops replaced by references, and a call log."""
+    from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers import sparse_attn_indexer as sai
+    from vllm.v1.attention.ops import rocm_aiter_mla_sparse as rocm
+
+    calls: list[str] = []
+    logits_ref = ref.PagedLogits(WIDTH)
+
+    def spy(name, fn):
+        def wrapper(*args, **kwargs):
+            calls.append(name)
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    mask = rocm._apply_candidate_mask_strided
+    monkeypatch.setattr(rocm, "rocm_fp8_paged_mqa_logits", spy("vllm:logits", logits_ref))
+    monkeypatch.setattr(rocm, "_apply_candidate_mask_strided", spy("vllm:mask", mask))
+    monkeypatch.setattr(sai, "_select_candidate_blocks",
+                        spy("vllm:select", ref.vllm_select_candidate_blocks))  # fmt: skip
+    monkeypatch.setattr(torch.ops._C, "top_k_per_row_decode",
+                        spy("vllm:topk", ref.top_k_per_row_decode), raising=False)  # fmt: skip
+    monkeypatch.setattr(indexer, "_aiter_enabled", lambda: True)
+    monkeypatch.setattr(topk, "build", lambda: True)  # "the code object is loaded"
+    config = VllmConfig(device_config=DeviceConfig(device="cpu"))
+    with set_current_vllm_config(config):
+        yield types.SimpleNamespace(config=config, calls=calls, spy=spy, logits=logits_ref)
+
+
+def install_hooks(monkeypatch, env, take: bool):
+    """Reference hooks that take every call (``take``) or decline every call."""
+    hooks = {
+        "decode_top_k": ref.decode_top_k,
+        "select_candidates": ref.select_candidates,
+        "candidate_top_k": ref.candidate_top_k,
+        "candidate_logits_top_k": ref.CandidateLogitsTopK(env.logits),
+    }
+    for name, fn in hooks.items():
+        impl = fn if take else (lambda *a, **k: False)
+        monkeypatch.setattr(topk, name, env.spy(f"hook:{name}", impl), raising=False)
+
+
+def make_layer(env, kind: str, rows: int):
+    from vllm.model_executor.layers.sparse_attn_indexer import SparseAttnIndexer
+
+    cls = indexer.make_indexer_cls(SparseAttnIndexer)
+    layer_id = {"writer": 20, "reader": 24, "plain": 2}[kind]
+    kv = types.SimpleNamespace(prefix=PREFIX.format(layer_id),
+                               kv_cache=torch.zeros(8, 64, DIM + 4, dtype=torch.uint8))  # fmt: skip
+    buf = torch.full((rows + 4, 512), 7777, dtype=torch.int32)
+    cands = None
+    if kind != "plain":
+        g = torch.Generator().manual_seed(3)
+        cands = torch.randint(-1, WIDTH // CB, (rows + 4, 2048), generator=g, dtype=torch.int32)
+    return cls(kv, 128, "ue8m0", 512, DIM, WIDTH, WIDTH, buf, skip_k_cache_insert=True,
+               compress_ratio=1, candidate_blocks=cands, candidate_block_size=CB,
+               candidate_write=kind == "writer")  # fmt: skip
+
+
+def make_step(case: str, seed: int = 0):
+    """(metadata fields, num_tokens): decode rows of one of vLLM's shapes."""
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.tensor([5000, 300, 7000, 6100], dtype=torch.int32)
+    if case == "dspark_flat":  # next_n = 6 flattened: (T, 1) lengths, one row a request
+        seq = torch.stack([lens[r // 6] - 6 + r % 6 + 1 for r in range(24)]).view(-1, 1)
+        decode_lens, padded, n_dec = torch.ones(24, dtype=torch.int32), False, 24
+    elif case == "mtp_2d":  # next_n = 2 native: (B, 2) lengths
+        seq = torch.stack([lens - 1, lens], dim=1)
+        decode_lens, padded, n_dec = torch.full((4,), 2, dtype=torch.int32), False, 8
+    elif case == "padded":  # a short prefill chunk counted as a decode: rows packed per request
+        seq = torch.stack([lens - 1, lens], dim=1)
+        decode_lens, padded, n_dec = torch.tensor([2, 1, 2, 2], dtype=torch.int32), True, 7
+    elif case == "lens_1d":  # one length per request, next_n = 2
+        seq = lens.clone()
+        decode_lens, padded, n_dec = torch.full((4,), 2, dtype=torch.int32), False, 8
+    else:
+        raise ValueError(case)
+    q = (torch.randn(n_dec, HEADS, DIM, generator=g) * 2).to(torch.float16)
+    return seq, decode_lens, padded, n_dec, q
+
+
+def metadata(seq, decode_lens, padded, n_dec, prefills=0):
+    from vllm.v1.attention.backends.mla.indexer import (
+        DeepSeekV32IndexerDecodeMetadata,
+        DeepseekV32IndexerMetadata,
+    )
+
+    decode = DeepSeekV32IndexerDecodeMetadata(
+        block_table=torch.zeros(decode_lens.numel(), 4, dtype=torch.int32), seq_lens=seq,
+        decode_lens=decode_lens, requires_padding=padded,
+        schedule_metadata=torch.zeros(1, dtype=torch.int32))  # fmt: skip
+    return DeepseekV32IndexerMetadata(
+        seq_lens=seq.reshape(-1), max_seq_len=int(seq.max()),
+        slot_mapping=torch.zeros(n_dec, dtype=torch.int64), num_decodes=decode_lens.numel(),
+        num_decode_tokens=n_dec, num_prefills=prefills, num_prefill_tokens=0,
+        decode=decode)  # fmt: skip
+
+
+def run(env, layer, meta, q, num_tokens, mode=None, plugin=True):
+    """One step of ``layer``: the plugin's forward_hip, or vLLM's op (the oracle)."""
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import set_forward_context
+    from vllm.v1.attention.ops.rocm_aiter_mla_sparse import rocm_aiter_sparse_attn_indexer
+
+    hidden = torch.zeros(num_tokens, 1)
+    qpad = torch.zeros(num_tokens, HEADS, DIM, dtype=q.dtype)
+    qpad[: q.shape[0]] = q
+    weights = torch.ones(num_tokens, HEADS)
+    with set_forward_context({layer.k_cache.prefix: meta}, env.config,
+                             cudagraph_runtime_mode=mode or CUDAGraphMode.NONE):  # fmt: skip
+        if plugin:
+            return layer.forward_hip(hidden, qpad, None, weights)
+        return rocm_aiter_sparse_attn_indexer(
+            hidden, layer.k_cache.prefix, layer.k_cache.kv_cache, qpad, None, weights,
+            layer.quant_block_size, layer.scale_fmt, layer.topk_tokens, layer.head_dim,
+            layer.max_model_len, layer.max_total_seq_len, layer.topk_indices_buffer,
+            skip_k_cache_insert=True, compress_ratio=1,
+            candidate_blocks=layer.candidate_blocks,
+            candidate_block_size=layer.candidate_block_size,
+            candidate_write=layer.candidate_write)  # fmt: skip
+
+
+def pair(env, kind, case, num_tokens=None):
+    seq, decode_lens, padded, n_dec, q = make_step(case)
+    num_tokens = num_tokens or n_dec
+    plugin_layer = make_layer(env, kind, num_tokens)
+    oracle_layer = make_layer(env, kind, num_tokens)
+    meta = metadata(seq, decode_lens, padded, n_dec)
+    return plugin_layer, oracle_layer, meta, q, num_tokens
+
+
+def assert_same_rows(got, want, logits_rows=None):
+    """Equal top-k buffers: each row's entries as a set (order is free), -1 tails exactly."""
+    assert got.shape == want.shape
+    for r in range(got.shape[0]):
+        g, w = got[r].tolist(), want[r].tolist()
+        assert sorted(g) == sorted(w), f"row {r}"
+
+
+@pytest.mark.parametrize("case", ["dspark_flat", "mtp_2d", "padded", "lens_1d"])
+@pytest.mark.parametrize("kind", ["plain", "writer", "reader"])
+def test_taking_hooks_match_vllm_decode_branch(vllm_env, monkeypatch, kind, case):
+    plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, kind, case)
+    install_hooks(monkeypatch, vllm_env, take=True)
+    run(vllm_env, oracle_layer, meta, q, n, plugin=False)
+    vllm_env.calls.clear()
+    run(vllm_env, plugin_layer, meta, q, n)
+    got = plugin_layer.topk_indices_buffer
+    want = oracle_layer.topk_indices_buffer
+    rows = meta.num_decode_tokens
+    assert_same_rows(got[:rows], want[:rows])
+    assert torch.equal(got[rows:], want[rows:])  # untouched beyond the step
+    if kind == "writer":
+        for r in range(rows if not meta.decode.requires_padding else 0):
+            assert set(plugin_layer.candidate_blocks[r].tolist()) == set(
+                oracle_layer.candidate_blocks[r].tolist())  # fmt: skip
+    expected = {
+        "plain": ["vllm:logits", "hook:decode_top_k"],
+        "writer": ["vllm:logits", "hook:select_candidates", "hook:decode_top_k"],
+        "reader": ["vllm:logits", "hook:candidate_top_k"],
+    }[kind]
+    if kind == "reader":  # the candidate-logits hook declines padded steps only
+        expected = ["hook:candidate_logits_top_k"] + (expected if case == "padded" else [])
+    assert vllm_env.calls == expected
+    assert counters.stats()["indexer_decode"]["taken"] == 1
+
+
+@pytest.mark.parametrize("kind", ["plain", "writer", "reader"])
+def test_declining_hooks_leave_vllms_op_at_each_place(vllm_env, monkeypatch, kind):
+    plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, kind, "mtp_2d")
+    install_hooks(monkeypatch, vllm_env, take=False)
+    run(vllm_env, oracle_layer, meta, q, n, plugin=False)
+    oracle_calls = list(vllm_env.calls)
+    vllm_env.calls.clear()
+    run(vllm_env, plugin_layer, meta, q, n)
+    assert torch.equal(plugin_layer.topk_indices_buffer, oracle_layer.topk_indices_buffer)
+    assert [c for c in vllm_env.calls if c.startswith("vllm:")] == oracle_calls
+    hooks = [c for c in vllm_env.calls if c.startswith("hook:")]
+    assert hooks == {"plain": ["hook:decode_top_k"],
+                     "writer": ["hook:select_candidates", "hook:decode_top_k"],
+                     "reader": ["hook:candidate_logits_top_k", "hook:candidate_top_k",
+                                "hook:decode_top_k"]}[kind]  # fmt: skip
+
+
+def test_reader_with_few_live_candidates_pads_with_minus_one(vllm_env, monkeypatch):
+    """The documented difference: vLLM's mask path fills such a row with arbitrary masked
+    columns (-inf logits); the plugin gives the live candidates, then -1."""
+    plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "reader", "mtp_2d")
+    for layer in (plugin_layer, oracle_layer):
+        layer.candidate_blocks[0].fill_(-1)
+        layer.candidate_blocks[0, :10] = torch.arange(10, 20)  # 80 live columns
+    install_hooks(monkeypatch, vllm_env, take=True)
+    run(vllm_env, oracle_layer, meta, q, n, plugin=False)
+    run(vllm_env, plugin_layer, meta, q, n)
+    got = plugin_layer.topk_indices_buffer[0].tolist()
+    want = oracle_layer.topk_indices_buffer[0].tolist()
+    live = set(range(80, 160))
+    assert set(got[:80]) == live and got[80:] == [-1] * 432
+    assert live <= set(want) and len(set(want) - live) == 432  # vLLM: 432 masked columns
+
+
+@pytest.mark.parametrize(("padded_graph", "skips"), [(0, True), (3, False)])
+def test_fill_skipped_only_when_every_entry_is_written(vllm_env, monkeypatch, padded_graph,
+                                                       skips):  # fmt: skip
+    """CUDA-graph padding rows (num_tokens > decode rows) must still get vLLM's -1 fill."""
+    seq, decode_lens, padded, n_dec, q = make_step("mtp_2d")
+    layer = make_layer(vllm_env, "plain", n_dec + padded_graph)
+    install_hooks(monkeypatch, vllm_env, take=True)
+    fills = []
+    real_skip = topk.skip_decode_fill
+    monkeypatch.setattr(topk, "skip_decode_fill",
+                        lambda *a: fills.append(real_skip(*a)) or fills[-1])  # fmt: skip
+    run(vllm_env, layer, metadata(seq, decode_lens, padded, n_dec), q, n_dec + padded_graph)
+    assert fills == [skips]
+    buf = layer.topk_indices_buffer
+    assert not (buf[: n_dec + padded_graph] == 7777).any()  # every entry of the step written
+    assert (buf[n_dec:n_dec + padded_graph] == -1).all()  # fmt: skip
+    assert (buf[n_dec + padded_graph :] == 7777).all()
+
+
+def test_padded_rows_are_never_fill_skipped(vllm_env, monkeypatch):
+    seq, decode_lens, padded, n_dec, q = make_step("padded")
+    assert topk.skip_decode_fill(False, n_dec, n_dec, metadata(seq, decode_lens, padded,
+                                                               n_dec).decode) is False  # fmt: skip
+
+
+@pytest.mark.parametrize("why", ["prefill", "profile", "own_k"])
+def test_other_steps_run_vllms_op(vllm_env, monkeypatch, why):
+    seq, decode_lens, padded, n_dec, q = make_step("mtp_2d")
+    layer = make_layer(vllm_env, "plain", n_dec)
+    install_hooks(monkeypatch, vllm_env, take=True)
+    ops = []
+    from vllm.v1.attention.ops import rocm_aiter_mla_sparse as rocm
+
+    monkeypatch.setattr(rocm, "rocm_aiter_sparse_attn_indexer",
+                        lambda *a, **k: ops.append(a[1]) or layer.topk_indices_buffer)  # fmt: skip
+    meta = metadata(seq, decode_lens, padded, n_dec, prefills=1 if why == "prefill" else 0)
+    if why == "own_k":
+        layer.skip_k_cache_insert = False
+    if why == "profile":
+        meta = None
+    run(vllm_env, layer, meta, q, n_dec)
+    assert ops == [layer.k_cache.prefix]
+    assert not any(c.startswith("hook:") for c in vllm_env.calls)
+    reasons = counters.stats()["indexer_decode"]["reasons"]
+    assert list(reasons) == [{"prefill": "prefill or mixed step",
+                              "profile": "no indexer metadata (profile or dummy run)",
+                              "own_k": "layer writes its own K cache"}[why]]  # fmt: skip
+
+
+def test_full_graph_choices_do_not_depend_on_lengths(vllm_env, monkeypatch):
+    """Under FULL graphs the Python runs only at capture: the host-side path taken must be the
+    same for any lengths of the same shapes (the kernels read lengths on the device)."""
+    from vllm.config import CUDAGraphMode
+
+    install_hooks(monkeypatch, vllm_env, take=True)
+    paths = []
+    for scale in (1, 3):
+        seq, decode_lens, padded, n_dec, q = make_step("mtp_2d")
+        seq = (seq // scale).clamp(min=1)
+        layer = make_layer(vllm_env, "reader", n_dec)
+        vllm_env.calls.clear()
+        run(vllm_env, layer, metadata(seq, decode_lens, padded, n_dec), q, n_dec,
+            mode=CUDAGraphMode.FULL)  # fmt: skip
+        paths.append(list(vllm_env.calls))
+    assert paths[0] == paths[1]
+
+
+def test_switched_off_family_keeps_vllms_ops(vllm_env, monkeypatch):
+    monkeypatch.setenv("DSV41_GFX942_TOPK", "0")
+    plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "writer", "mtp_2d")
+    install_hooks(monkeypatch, vllm_env, take=True)
+    run(vllm_env, oracle_layer, meta, q, n, plugin=False)
+    vllm_env.calls.clear()
+    run(vllm_env, plugin_layer, meta, q, n)
+    assert vllm_env.calls == ["vllm:logits", "vllm:select", "vllm:topk"]
+    assert torch.equal(plugin_layer.topk_indices_buffer, oracle_layer.topk_indices_buffer)
+
+
+def test_monokernel_indexer_bypasses_the_patch(clean_plugin, fake_platform):
+    """vLLM's --monokernel indexer class sets its own attn_cls (as DeepseekV41Gfx942Indexer
+    does): the plugin's patch of DeepseekV4Indexer.attn_cls never reaches it."""
+    from vllm.model_executor.layers.sparse_attn_indexer import SparseAttnIndexer
+    from vllm.models.deepseek_v41.attention import DeepseekV4Indexer
+
+    class InTreeOp(SparseAttnIndexer):
+        pass
+
+    class MonokernelIndexer(DeepseekV4Indexer):
+        attn_cls = InTreeOp
+
+    clean_plugin.register()
+    assert DeepseekV4Indexer.attn_cls.__name__ == "Dsv41Gfx942SparseAttnIndexer"
+    assert MonokernelIndexer.attn_cls is InTreeOp
