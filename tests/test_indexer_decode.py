@@ -17,9 +17,9 @@ import os
 import types
 
 import pytest
-import ref_indexer as ref
 import torch
 
+import ref_indexer as ref
 from dsv41_gfx942_plugin import counters, indexer
 from dsv41_gfx942_plugin.ops import topk
 
