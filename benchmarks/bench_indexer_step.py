@@ -1,0 +1,82 @@
+"""Benchmark: one DSv4.1 indexer decode step (the 8 index layers) on a GPU, the plugin's decode
+path against vLLM's decode branch, both under CUDA graphs, in one run.
+
+What does not run off gfx942 stands in on both sides alike (``tests/indexer_step.py``): AITER's
+paged logits (precomputed random logits, so their cost is not in either figure) and vLLM's C++
+``top_k_per_row_decode`` (a torch transcription: on NVIDIA this is what the plugin's top-k is
+compared against, not vLLM's gfx942 kernel). Figures are for the machine it runs on: an H200
+run is H200-measured, never a gfx942 figure.
+
+    python benchmarks/bench_indexer_step.py --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+import indexer_step as harness  # noqa: E402
+
+
+class _Patch:
+    """A tiny stand-in for pytest's monkeypatch (setattr only, never undone: one process)."""
+
+    def setattr(self, obj, name, value, raising=True):
+        setattr(obj, name, value)
+
+
+def graphed_us(fn, iters: int = 200) -> float:
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(10):
+        graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000 / iters
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    from dsv41_gfx942_plugin.ops import topk
+
+    if not topk.build():
+        print("no loadable top-k code object for this GPU")
+        return 1
+    results = []
+    print(f"GPU: {torch.cuda.get_device_name()}")
+    print(f"{'rows x context':>16} {'plugin us':>10} {'vLLM branch us':>15} {'speed-up':>9}")
+    for requests, next_n, width in ((1, 6, 32768), (1, 6, 131072), (8, 6, 131072)):
+        step = harness.Step(requests, next_n, width)
+        current = harness.install_stand_ins(_Patch(), step)
+        ours, vllms = step.layers(), step.layers()
+        t_plugin = graphed_us(functools.partial(harness.run_step, step, ours, current, True))
+        t_vllm = graphed_us(functools.partial(harness.run_step, step, vllms, current, False))
+        row = {"rows": step.rows, "context": width, "plugin_us": t_plugin, "vllm_us": t_vllm,
+               "speedup": t_vllm / t_plugin}  # fmt: skip
+        results.append(row)
+        print(f"{step.rows:>6} x {width:>7} {t_plugin:>10.1f} {t_vllm:>15.1f} "
+              f"{t_vllm / t_plugin:>8.2f}x")  # fmt: skip
+    if args.json:
+        args.json.write_text(json.dumps({"gpu": torch.cuda.get_device_name(),
+                                         "results": results}, indent=2))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
