@@ -706,3 +706,40 @@ def test_twin_page_offsets_past_2gib():
     assert case.block_table[case.block_table < (1 << 30)].min().item() >= 41
     live = check_against_reference(case)
     assert live.sum() > 1000
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_hook_end_to_end_on_the_twin():
+    """The hook on the twin and ops/topk.py's compact top-512 (sm_90 build) against the float
+    reference's top 512 per row; a short row gets 0..end-1; rows past the step are untouched."""
+    from dsv41_gfx942_plugin.ops import topk
+
+    if not topk.build():
+        pytest.skip("no top-k code object for this GPU (python hip/build.py --arch sm_90)")
+    case = make_case(
+        lens=[3000, 400, 9000], next_n=2, heads=64, page_size=64, blocks=300, per_row=False,
+        device="cuda", seed=5, drop=0.1,
+    )  # fmt: skip
+    rows = 6
+    indices = torch.full((rows + 2, 512), -9, dtype=torch.int32, device="cuda")
+    assert cand_logits.candidate_logits_top_k(
+        case.q, case.kv_cache, case.weights, case.seq_lens, case.block_table, case.candidates,
+        case.cand_block, indices, 512, True, False,
+    )  # fmt: skip
+    got = indices.cpu()
+    assert (got[rows:] == -9).all()
+    ref_logits, ref_ids = reference(case)
+    for r in range(rows):
+        end = case.ends[r]
+        if end <= 512:
+            assert got[r, :end].tolist() == list(range(end)) and (got[r, end:] == -1).all()
+            continue
+        live = ref_ids[r] >= 0
+        assert live.sum() > 512
+        value = dict(zip(ref_ids[r][live].tolist(), ref_logits[r][live].tolist(), strict=True))
+        chosen = got[r].tolist()
+        assert len(set(chosen)) == 512 and all(c in value for c in chosen)
+        want = sorted(value.values(), reverse=True)[:512]
+        have = sorted((value[c] for c in chosen), reverse=True)
+        torch.testing.assert_close(torch.tensor(have), torch.tensor(want), rtol=1e-5, atol=1e-6)
