@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_cand_logits import make_case, run_candidate_logits
 
 from dsv41_gfx942_plugin.ops import _cand_layout, cand_logits
+from test_cand_logits import make_case, run_candidate_logits
 
 
 def _on_gfx942() -> bool:
