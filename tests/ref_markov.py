@@ -19,21 +19,21 @@ import copy
 import types
 
 import torch
-from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
-from vllm.model_executor.layers.logits_processor import LogitsProcessor
-from vllm.model_executor.models.qwen3_dspark import DSparkMarkovHead
-from vllm.v1.worker.gpu.spec_decode.dspark.speculator import DSparkSpeculator
+import torch.nn.functional as F
 
-#: vLLM's loop, even when the plugin's patch is on.
-VLLM_SAMPLE_SEQUENTIAL = getattr(
-    DSparkSpeculator._sample_sequential, "__wrapped__", DSparkSpeculator._sample_sequential
-)
+
+def vllm_sample_sequential():
+    """vLLM's ``DSparkSpeculator._sample_sequential``, even when the plugin's patch is on."""
+    from vllm.v1.worker.gpu.spec_decode.dspark.speculator import DSparkSpeculator
+
+    fn = DSparkSpeculator._sample_sequential
+    return getattr(fn, "__wrapped__", fn)
 
 
 class DraftModel(torch.nn.Module):
     """The hooks ``_sample_sequential`` calls, as vLLM's DSpark draft models define them."""
 
-    def __init__(self, head: DSparkMarkovHead, lp: LogitsProcessor, base: torch.Tensor):
+    def __init__(self, head, lp, base: torch.Tensor):
         super().__init__()
         self.model = torch.nn.Module()
         self.model.markov_head = head
@@ -54,6 +54,11 @@ class DraftModel(torch.nn.Module):
 
 
 def make_head(vocab: int, rank: int, device, gen: torch.Generator, w_scale: float = 0.2):
+    """vLLM's DSparkMarkovHead and LogitsProcessor, built on the CPU, random bf16 weights."""
+    from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.logits_processor import LogitsProcessor
+    from vllm.model_executor.models.qwen3_dspark import DSparkMarkovHead
+
     with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
         head = DSparkMarkovHead(vocab, vocab, rank, prefix="markov_head")
         lp = LogitsProcessor(vocab)
@@ -80,6 +85,8 @@ def make_case(
     head=None,
 ):
     """A speculator in the state of a draft step with ``rows`` requests."""
+    from vllm.v1.worker.gpu.spec_decode.dspark.speculator import DSparkSpeculator
+
     gen = torch.Generator().manual_seed(seed)
     max_num_reqs = max_num_reqs or max(rows, 4)
     if head is None:
@@ -171,7 +178,7 @@ def _restore(spec, state):
 def run_both(spec, rows, head_hidden, fused):
     """vLLM's loop, then ``fused(spec, rows, head_hidden)`` from the same state: two snapshots."""
     start = snapshot(spec)
-    VLLM_SAMPLE_SEQUENTIAL(spec, rows, head_hidden)
+    vllm_sample_sequential()(spec, rows, head_hidden)
     ref = snapshot(spec)
     _restore(spec, start)
     took = fused(spec, rows, head_hidden)
@@ -197,23 +204,38 @@ class RuleStats:
         self.tokens_equal = 0
 
 
-def check_rule(spec, rows, head_hidden, ref, out, stats: RuleStats | None = None) -> RuleStats:
-    """Asserts the issue's rule on one step; returns counts (compared/differing values)."""
+def model_bias_fn(spec):
+    """vLLM's bias of a batch of previous tokens, through the speculator's draft model."""
+    model = spec.model
+    return lambda prev: model.markov_bias(model.markov_embed(prev))
+
+
+def model_base(spec, rows, head_hidden):
+    """The step's base logits [rows, n_spec, V], as vLLM's loop computes them."""
+    n_spec = spec.num_speculative_steps
+    hidden = head_hidden[spec.sample_indices[: rows * n_spec]]
+    base = spec.model.compute_draft_logits(hidden)
+    return base.view(rows, n_spec, base.shape[-1])
+
+
+def check_rule(spec, rows, base3, bias_fn, ref, out, stats: RuleStats | None = None) -> RuleStats:
+    """Asserts the issue's rule on one draft step of ``rows`` rows; returns the counts.
+
+    ``base3`` holds the step's base logits [rows, n_spec, V]; ``bias_fn(prev)`` gives vLLM's
+    Markov bias of the previous tokens (it reproduces vLLM's bias bit for bit)."""
     stats = stats or RuleStats()
-    model, n_spec = spec.model, spec.num_speculative_steps
+    n_spec = spec.num_speculative_steps
     num_sample = rows * n_spec
-    base = model.compute_draft_logits(head_hidden[spec.sample_indices[:num_sample]])
-    vocab = base.shape[-1]
-    base = base.view(rows, n_spec, vocab).float().cpu()
+    vocab = base3.shape[-1]
+    base = base3.float().cpu()
     idx = spec.sample_idx_mapping[:num_sample].view(rows, n_spec).cpu()
     temp = spec.temperature.cpu()
     greedy = spec.draft_logits is None
     prev = spec.input_buffers.input_ids[spec._anchor_idx[:rows]].long()
     same = torch.ones(rows, dtype=torch.bool)
-    checked_cache = torch.zeros(ref["cache"].shape[:2], dtype=torch.bool) if not greedy else None
+    checked_cache = None if greedy else torch.zeros(ref["cache"].shape[:2], dtype=torch.bool)
     for i in range(n_spec):
-        bias = model.markov_bias(model.markov_embed(prev.to(base.device if False else prev.device)))
-        bias = bias.float().cpu()
+        bias = bias_fn(prev).float().cpu()
         logits = (base[:, i] + bias).to(torch.bfloat16).float()  # vLLM's logits of this step
         t_ref = ref["tokens"][:rows, i].cpu()
         t_out = out["tokens"][:rows, i].cpu()
@@ -259,7 +281,7 @@ def check_rule(spec, rows, head_hidden, ref, out, stats: RuleStats | None = None
                 else:
                     assert t_out[r] == t_ref[r]
         same &= t_ref == t_out
-        prev = t_ref.to(prev.device)
+        prev = ref["tokens"][:rows, i].to(prev.device)
     if not greedy:
         # Every other cached column is untouched, and equal.
         rest = ~checked_cache
@@ -276,3 +298,114 @@ def clone_case(spec):
     if spec.draft_logits is not None:
         other.draft_logits = spec.draft_logits.clone()
     return other
+
+
+def transcribed_loop(spec, rows, base3, w1, w2):
+    """vLLM 0.33.0's loop of ``_sample_sequential`` with the draft model's hooks written out:
+    ``markov_w1`` embedding, bf16 ``F.linear`` (what ``UnquantizedEmbeddingMethod.apply`` runs),
+    the add, then vLLM's own ``gumbel_sample`` (or argmax for greedy drafts). For a machine where
+    the speculator cannot be imported (the H200 has only vLLM's Python files)."""
+    from vllm.v1.worker.gpu.sample.gumbel import gumbel_sample
+
+    n_spec, vocab = base3.shape[1], base3.shape[2]
+    num_sample = rows * n_spec
+    idx_map = spec.sample_idx_mapping[:num_sample].view(rows, n_spec)
+    sample_pos = spec.sample_pos[:num_sample].view(rows, n_spec)
+    prev = spec.input_buffers.input_ids[spec._anchor_idx[:rows]]
+    for i in range(n_spec):
+        bias = F.linear(F.embedding(prev, w1), w2)[..., :vocab]
+        logits = base3[:, i] + bias
+        if spec.draft_logits is None:
+            token = logits.argmax(dim=-1)
+        else:
+            token = gumbel_sample(
+                logits,
+                idx_map[:, i],
+                spec.temperature,
+                spec.seeds,
+                sample_pos[:, i] - 1,
+                apply_temperature=True,
+                is_drafting=True,
+                logits_cache=spec.draft_logits,
+                logits_cache_col=spec._step_cols[i],
+                use_fp64=spec.use_fp64_gumbel,
+            )
+        spec.draft_tokens[:rows, i] = token
+        prev = token
+
+
+def plain_bias_fn(w1, w2, vocab):
+    return lambda prev: F.linear(F.embedding(prev, w1), w2)[..., :vocab]
+
+
+def make_plain_case(
+    *,
+    vocab: int,
+    rank: int,
+    rows: int,
+    n_spec: int = 5,
+    greedy: bool = False,
+    fp64: bool = False,
+    seed: int = 0,
+    temps=(0.0, 0.3, 1.0, 2.0),
+    inert: float = 0.15,
+    device="cuda",
+):
+    """The state ``_sample_sequential`` reads, without vLLM's classes: a namespace speculator,
+    ``markov_w1`` [V, rank], ``markov_w2`` [pad64(V), rank] (bf16, random) and base logits
+    [rows, n_spec, V]. For ``transcribed_loop`` and ``fused_markov._launch`` where the
+    speculator cannot be imported."""
+    gen = torch.Generator().manual_seed(seed)
+    max_num_reqs = max(rows, 4)
+    w1 = (torch.randn(vocab, rank, generator=gen) * 0.2).to(torch.bfloat16).to(device)
+    w2 = (torch.randn((vocab + 63) // 64 * 64, rank, generator=gen) * 0.2).to(torch.bfloat16)
+    base = torch.randn(rows * n_spec, vocab, generator=gen) * 3
+    for _ in range(4):  # exact ties between a token and a later one
+        a, b = sorted(torch.randint(0, vocab, (2,), generator=gen).tolist())
+        if a != b:
+            w2[b] = w2[a]
+            base[:, a] += 4.0
+            base[:, b] = base[:, a]
+    base[torch.rand(base.shape, generator=gen) < 0.01] = float("-inf")
+    base = base.to(torch.bfloat16).to(device).view(rows, n_spec, vocab)
+    spec = types.SimpleNamespace(
+        num_speculative_steps=n_spec,
+        max_num_reqs=max_num_reqs,
+        use_fp64_gumbel=fp64,
+        draft_logits=None
+        if greedy
+        else torch.zeros(max_num_reqs, n_spec, vocab, dtype=torch.bfloat16, device=device),
+        temperature=torch.tensor(
+            [temps[i] for i in torch.randint(0, len(temps), (max_num_reqs,), generator=gen)],
+            dtype=torch.float32,
+        ).to(device),
+        seeds=torch.randint(-(2**62), 2**62, (max_num_reqs,), generator=gen).to(device),
+        draft_tokens=torch.zeros(max_num_reqs, n_spec, dtype=torch.int64, device=device),
+        _step_cols=torch.arange(n_spec, dtype=torch.int32, device=device),
+        _anchor_idx=torch.arange(max_num_reqs, dtype=torch.int64, device=device) * n_spec,
+        input_buffers=types.SimpleNamespace(
+            input_ids=torch.randint(0, vocab, (max_num_reqs * n_spec,), generator=gen)
+            .to(torch.int32)
+            .to(device)
+        ),
+    )
+    slots = torch.randperm(max_num_reqs, generator=gen)[:rows]
+    slots[torch.rand(rows, generator=gen) < inert] = -1
+    idx = torch.full((max_num_reqs * n_spec,), -1, dtype=torch.int64)
+    idx[: rows * n_spec] = slots.repeat_interleave(n_spec)
+    spec.sample_idx_mapping = idx.to(device)
+    pos0 = torch.randint(0, 1 << 20, (rows,), generator=gen)
+    pos = torch.zeros(max_num_reqs * n_spec, dtype=torch.int64)
+    pos[: rows * n_spec] = (pos0[:, None] + 1 + torch.arange(n_spec)).reshape(-1)
+    spec.sample_pos = pos.to(device)
+    return spec, w1, w2.to(device), base
+
+
+def run_both_plain(spec, rows, base3, w1, w2, fused):
+    """The transcribed vLLM loop, then ``fused(spec, rows, base3, w1, w2)``, from one state."""
+    start = snapshot(spec)
+    transcribed_loop(spec, rows, base3, w1, w2)
+    ref = snapshot(spec)
+    _restore(spec, start)
+    fused(spec, rows, base3, w1, w2)
+    return ref, snapshot(spec)

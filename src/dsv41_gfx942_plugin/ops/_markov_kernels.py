@@ -13,8 +13,10 @@ of every row, and for each tile of ``R_TILE`` rows it
 4. ``y = logits / temp`` plus vLLM's Gumbel noise for the row's (seed, step, position, token)
    (vLLM's murmur3 helpers from ``vllm/v1/worker/gpu/sample/gumbel.py``), or ``y = logits`` for a
    greedy draft, a zero temperature, an inert row;
-5. the winner: the largest ``y``, the first token among equal ones (NaN counts as the largest,
-   -0 equals +0: torch's argmax). With fp32 noise ``y`` and the token fit one int64,
+5. the winner: the largest ``y``, the first token among equal ones, -0 equal to +0. A NaN wins a
+   greedy draft (torch's argmax, vLLM's greedy path) and never wins a sampled one (vLLM's Gumbel
+   kernel drops it under the interpreter; on a GPU its block reduction keeps or drops a NaN
+   depending on where it sits). With fp32 noise ``y`` and the token fit one int64,
    ``order(y) << 32 | (2**32 - 1 - token)``, whose maximum is the winner: every program
    ``atomic_max``-es its rows' keys into ``win[step, r]``, and the next step reads one key a row.
    With fp64 noise the key has no room for the token: each program writes its block's best
@@ -23,10 +25,11 @@ of every row, and for each tile of ``R_TILE`` rows it
 The last step's tokens come from ``_markov_last_kernel``, which also resets ``win`` (``-2**63``) for
 the next call, so every call starts from a clean slate without a fill launch.
 
-The Triton interpreter (CPU tests) has no bf16 arithmetic and truncates fp32->bf16 casts:
-``NATIVE_BF16=False`` rounds to nearest-even with integer ops instead. ``USE_DOT`` (GPU only,
-``R_TILE >= 16``) multiplies bf16 tiles with ``tl.dot``; otherwise the products are upcast to fp32
-and summed (exact products, so the sums differ only in order).
+The Triton interpreter (CPU tests) has no bf16 arithmetic, truncates fp32->bf16 casts and converts
+bf16 loads element by element in Python: with ``NATIVE_BF16=False`` the bf16 tensors come as
+their int16 bits, widened by a shift, and fp32 rounds to nearest-even with integer ops.
+``USE_DOT`` (GPU only, ``R_TILE >= 16``) multiplies bf16 tiles with ``tl.dot``; otherwise the
+products are upcast to fp32 and summed (exact products, so the sums differ only in order).
 """
 
 import triton
@@ -56,21 +59,41 @@ def _round_bf16(x, NATIVE_BF16: tl.constexpr):
 
 
 @triton.jit
-def _order32(y):
-    """int32 whose signed order is y's (fp32), with -0 == +0 and every NaN the largest."""
-    y = tl.where(y == 0.0, 0.0, y)
-    b = y.to(tl.int32, bitcast=True)
-    o = tl.where(b >= 0, b, b ^ 0x7FFFFFFF)
-    return tl.where(y != y, 0x7FFFFFFF, o)
+def _load_f32(ptr, mask, NATIVE_BF16: tl.constexpr):
+    """bf16 values as fp32. Without native bf16, ``ptr`` points at their int16 bits: the
+    interpreter converts bf16 element by element in Python, this is one shift."""
+    if NATIVE_BF16:
+        return tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(ptr, mask=mask, other=0).to(tl.int32) & 0xFFFF
+    return (b << 16).to(tl.float32, bitcast=True)
 
 
 @triton.jit
-def _order64(y):
-    """int64 whose signed order is y's (fp64), with -0 == +0 and every NaN the largest."""
+def _store_bf16(ptr, x, mask, NATIVE_BF16: tl.constexpr):
+    """Stores fp32 values that are exact bf16 (the int16 bits without native bf16)."""
+    if NATIVE_BF16:
+        tl.store(ptr, x.to(tl.bfloat16), mask=mask)
+    else:
+        tl.store(ptr, (x.to(tl.int32, bitcast=True) >> 16).to(tl.int16), mask=mask)
+
+
+@triton.jit
+def _order32(y, NAN_MAX: tl.constexpr):
+    """int32 whose signed order is y's (fp32), with -0 == +0 and every NaN the largest
+    (``NAN_MAX``) or below -inf."""
+    y = tl.where(y == 0.0, 0.0, y)
+    b = y.to(tl.int32, bitcast=True)
+    o = tl.where(b >= 0, b, b ^ 0x7FFFFFFF)
+    return tl.where(y != y, 0x7FFFFFFF if NAN_MAX else -0x80000000, o)
+
+
+@triton.jit
+def _order64(y, NAN_MAX: tl.constexpr):
+    """int64 whose signed order is y's (fp64), as ``_order32``; NaN stays above the key floor."""
     y = tl.where(y == 0.0, 0.0, y)
     b = y.to(tl.int64, bitcast=True)
     o = tl.where(b >= 0, b, b ^ 0x7FFFFFFFFFFFFFFF)
-    return tl.where(y != y, 0x7FFFFFFFFFFFFFFF, o)
+    return tl.where(y != y, 0x7FFFFFFFFFFFFFFF if NAN_MAX else -0x7FFFFFFFFFFFFFFF, o)
 
 
 @triton.jit
@@ -185,16 +208,21 @@ def _markov_step_kernel(
         acc = tl.zeros([R_TILE, BV], dtype=tl.float32)
         for k0 in tl.static_range(0, RANK, BK):
             k = k0 + tl.arange(0, BK)
-            e = tl.load(w1_ptr + prev[:, None] * RANK + k[None, :], mask=rmask[:, None], other=0.0)
-            w = tl.load(w2_ptr + v64[:, None] * RANK + k[None, :], mask=vmask[:, None], other=0.0)
+            e_ptr = w1_ptr + prev[:, None] * RANK + k[None, :]
+            w_ptr = w2_ptr + v64[:, None] * RANK + k[None, :]
             if USE_DOT:
+                e = tl.load(e_ptr, mask=rmask[:, None], other=0.0)
+                w = tl.load(w_ptr, mask=vmask[:, None], other=0.0)
                 acc = tl.dot(e, tl.trans(w), acc)
             else:
-                prod = e.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
-                acc += tl.sum(prod, axis=2)
+                e = _load_f32(e_ptr, rmask[:, None], NATIVE_BF16)
+                w = _load_f32(w_ptr, vmask[:, None], NATIVE_BF16)
+                acc += tl.sum(e[:, None, :] * w[None, :, :], axis=2)
         bias = _round_bf16(acc, NATIVE_BF16)
-        base = tl.load(base_ptr + r[:, None].to(tl.int64) * base_stride + v[None, :], mask=m2)
-        logits = _round_bf16(base.to(tl.float32) + bias, NATIVE_BF16)
+        base = _load_f32(
+            base_ptr + r[:, None].to(tl.int64) * base_stride + v[None, :], m2, NATIVE_BF16
+        )
+        logits = _round_bf16(base + bias, NATIVE_BF16)
 
         if GREEDY:
             y = logits
@@ -203,7 +231,7 @@ def _markov_step_kernel(
             live = rmask & (req >= 0)
             # Pre-temperature, as gumbel_sample caches them for the rejection sampler.
             cache = cache_ptr + req[:, None] * cache_s0 + step * cache_s1 + v[None, :]
-            tl.store(cache, logits.to(tl.bfloat16), mask=m2 & live[:, None])
+            _store_bf16(cache, logits, m2 & live[:, None], NATIVE_BF16)
             temp = tl.load(temp_ptr + req, mask=live, other=0.0).to(tl.float32)[:, None]
             seed = spec_step_seed(tl.load(seeds_ptr + req, mask=live, other=0), step)[:, None]
             # gumbel_sample keys a draw by the position before the sampled token, salted.
@@ -224,12 +252,12 @@ def _markov_step_kernel(
 
         if PACKED:
             low = (0xFFFFFFFF - v64)[None, :]
-            key = (_order32(y).to(tl.int64) << 32) | low
+            key = (_order32(y, GREEDY).to(tl.int64) << 32) | low
             key = tl.where(m2, key, KEY_MIN)
             best = tl.max(key, axis=1)
             tl.atomic_max(win_ptr + step * win_stride + r, best, mask=rmask)
         else:
-            key = tl.where(m2, _order64(y), KEY_MIN)
+            key = tl.where(m2, _order64(y, GREEDY), KEY_MIN)
             best, at = tl.max(key, axis=1, return_indices=True, return_indices_tie_break_left=True)
             tl.store(out_keys_ptr + r * scr_stride + pid, best, mask=rmask)
             tl.store(out_toks_ptr + r * scr_stride + pid, pid * BV + at, mask=rmask)

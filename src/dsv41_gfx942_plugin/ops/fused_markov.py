@@ -38,9 +38,11 @@ BV_GPU = 128
 # whose epilogue does not pay for 16 - R padded rows of noise.
 DOT_MIN_ROWS = 16
 DOT_MAX_TILE = 64
-# Under the interpreter every program costs Python time: large blocks, few programs.
-BV_INTERP = 1024
+# Under the interpreter every program costs Python time (about 0.1 s on a CI core): large
+# blocks, few programs (16 a step at 129280 tokens), products of at most 2**21 values.
+BV_INTERP = 8192
 INTERP_MAX_TILE = 16
+INTERP_MAX_PRODUCT = 2**21
 # Block-best columns one scan step reads (fp64 noise only).
 NB_CHUNK = 128
 # Markov ranks the kernel takes: a multiple of its rank chunk, at most this many.
@@ -157,19 +159,15 @@ def _config(num_reqs: int, vocab: int, rank: int, interpreted: bool) -> dict:
     """Block sizes of a step launch for this batch."""
     rows = triton.next_power_of_2(num_reqs)
     if interpreted:
-        return dict(
-            BV=min(BV_INTERP, triton.next_power_of_2(vocab)),
-            BK=min(rank, 64),
-            R_TILE=min(rows, INTERP_MAX_TILE),
-            USE_DOT=False,
-            NATIVE_BF16=False,
-        )
+        bv, tile = min(BV_INTERP, triton.next_power_of_2(vocab)), min(rows, INTERP_MAX_TILE)
+        bk = min(64, max(8, INTERP_MAX_PRODUCT // (tile * bv)))
+        return dict(BV=bv, BK=bk, R_TILE=tile, USE_DOT=False, NATIVE_BF16=False)
     if rows >= DOT_MIN_ROWS:
-        return dict(
-            BV=BV_GPU, BK=64, R_TILE=min(rows, DOT_MAX_TILE), USE_DOT=True, NATIVE_BF16=True
-        )
-    # fp32 products of [R_TILE, BV, BK]: 64 values a thread at 4 warps.
-    return dict(BV=BV_GPU, BK=32 if rows <= 2 else 16, R_TILE=rows, USE_DOT=False, NATIVE_BF16=True)
+        tile = max(16, min(rows, DOT_MAX_TILE))  # tl.dot takes M >= 16
+        return dict(BV=BV_GPU, BK=64, R_TILE=tile, USE_DOT=True, NATIVE_BF16=True)
+    # fp32 products [R_TILE, BV, BK]: 64 values a thread at 4 warps.
+    bk = min(64, max(8, 8192 // (rows * BV_GPU)))
+    return dict(BV=BV_GPU, BK=bk, R_TILE=rows, USE_DOT=False, NATIVE_BF16=True)
 
 
 def sample_sequential(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
@@ -210,6 +208,8 @@ def _launch(spec, num_reqs: int, base: torch.Tensor, w1: torch.Tensor, w2: torch
     idx_map = spec.sample_idx_mapping[:num_sample].view(num_reqs, n_spec)
     pos = spec.sample_pos[:num_sample].view(num_reqs, n_spec)
     cache = spec.draft_logits if not greedy else base
+    if not cfg["NATIVE_BF16"]:  # the interpreter reads bf16 as int16 bits (_markov_kernels)
+        w1, w2, base, cache = (t.view(torch.int16) for t in (w1, w2, base, cache))
     tokens = spec.draft_tokens
     for step in range(n_spec):
         K._markov_step_kernel[(nb,)](

@@ -1,0 +1,205 @@
+"""DSpark Markov draft sampling: the plugin's fused launches vs vLLM 0.33.0's loop, one run.
+
+For each row count, 5 draft steps over DSv4.1's vocabulary (129280) and Markov rank (256),
+probabilistic drafts (fp32 Gumbel noise, temperature 1, every row live), it times
+
+- fused: ``fused_markov._launch`` (one launch a step plus one), eager and in a CUDA graph;
+- vLLM: vLLM's loop with the draft model's hooks written out (embedding, bf16 ``F.linear``, add,
+  vLLM's own Triton ``gumbel_sample``, token store: ``tests/ref_markov.transcribed_loop``), eager
+  and graphed; where vLLM cannot be imported, the same op sequence with torch's Gumbel noise;
+
+and prints each beside the memory floor: every step reads ``markov_w2`` once (66 MB) and each
+row's base logits, and writes each row's cached logits (2 x 0.26 MB a row), at 4.8 TB/s (H200).
+Times are the mean of ``--iters`` calls after warm-up, measured with CUDA events. Writes JSON.
+
+    python benchmarks/bench_markov.py --json out.json [--rows 1,8,32,64,128,256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib.util
+import json
+import os
+import sys
+import types
+
+import torch
+import torch.nn.functional as TF
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(HERE, "..", "src"), os.path.join(HERE, "..", "tests")]
+
+if importlib.util.find_spec("vllm._C") is None:
+    # vLLM's Python files without its compiled parts (the H200): keep vLLM off its CUDA platform.
+    import vllm.platforms as _platforms
+    from vllm.platforms.interface import UnspecifiedPlatform
+
+    _platforms._current_platform = UnspecifiedPlatform()
+
+from dsv41_gfx942_plugin.ops import fused_markov as F  # noqa: E402
+
+HBM_BYTES_PER_S = 4.8e12  # H200 peak
+
+
+def make_state(rows: int, vocab: int, rank: int, n_spec: int, device="cuda"):
+    """The state the loop reads: every row live, temperature 1, fp32 noise."""
+    gen = torch.Generator(device=device).manual_seed(rows)
+    max_reqs = max(rows, 4)
+    bf = dict(dtype=torch.bfloat16, device=device)
+    w1 = (torch.randn(vocab, rank, generator=gen, device=device) * 0.2).to(torch.bfloat16)
+    w2 = torch.randn((vocab + 63) // 64 * 64, rank, generator=gen, device=device) * 0.2
+    base = (torch.randn(rows * n_spec, vocab, generator=gen, device=device) * 3).to(**bf)
+    spec = types.SimpleNamespace(
+        num_speculative_steps=n_spec,
+        max_num_reqs=max_reqs,
+        use_fp64_gumbel=False,
+        draft_logits=torch.zeros(max_reqs, n_spec, vocab, **bf),
+        temperature=torch.ones(max_reqs, dtype=torch.float32, device=device),
+        seeds=torch.randint(0, 2**62, (max_reqs,), generator=gen, device=device),
+        draft_tokens=torch.zeros(max_reqs, n_spec, dtype=torch.int64, device=device),
+        _step_cols=torch.arange(n_spec, dtype=torch.int32, device=device),
+        _anchor_idx=torch.arange(max_reqs, device=device) * n_spec,
+        input_buffers=types.SimpleNamespace(
+            input_ids=torch.randint(0, vocab, (max_reqs * n_spec,), device=device).int()
+        ),
+        sample_idx_mapping=torch.arange(max_reqs, device=device).repeat_interleave(n_spec),
+        sample_pos=torch.arange(max_reqs * n_spec, device=device) + 1000,
+    )
+    return spec, w1, w2.to(torch.bfloat16), base.view(rows, n_spec, vocab)
+
+
+def torch_loop(spec, rows, base3, w1, w2):
+    """vLLM's loop with torch's Gumbel-max in place of vLLM's kernel (no vLLM needed)."""
+    n_spec, vocab = base3.shape[1], base3.shape[2]
+    idx = spec.sample_idx_mapping[: rows * n_spec].view(rows, n_spec)
+    prev = spec.input_buffers.input_ids[spec._anchor_idx[:rows]]
+    for i in range(n_spec):
+        logits = base3[:, i] + TF.linear(TF.embedding(prev, w1), w2)[..., :vocab]
+        spec.draft_logits[idx[:, i], i] = logits
+        u = torch.rand(logits.shape, device=logits.device).clamp_(min=1e-10)
+        token = (logits.float() / spec.temperature[idx[:, i], None] - (-u.log()).log()).argmax(-1)
+        spec.draft_tokens[:rows, i] = token
+        prev = token
+
+
+def vllm_loop():
+    try:
+        from vllm.v1.worker.gpu.sample.gumbel import gumbel_sample  # noqa: F401
+
+        import ref_markov
+
+        return "vLLM loop (vLLM's gumbel_sample)", ref_markov.transcribed_loop
+    except Exception as e:  # vLLM not importable here
+        print(f"vLLM's gumbel_sample unavailable ({e!r}): torch op sequence instead")
+        return "torch op sequence", torch_loop
+
+
+def time_us(fn, iters: int) -> float:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / iters
+
+
+def graphed(fn):
+    fn()  # compile, allocate scratch
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def floor_us(rows: int, vocab: int, rank: int, n_spec: int) -> float:
+    per_step = (vocab + 63) // 64 * 64 * rank * 2 + rows * vocab * 2 * 2
+    return n_spec * per_step / HBM_BYTES_PER_S * 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default="1,8,32,64,128,256")
+    ap.add_argument("--vocab", type=int, default=129280)
+    ap.add_argument("--rank", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--json", default="bench_markov.json")
+    ap.add_argument("--sweep", action="store_true", help="also time other block configurations")
+    args = ap.parse_args()
+    name, loop = vllm_loop()
+    results = []
+    head = (
+        f"{'rows':>5} {'fused eager':>12} {'fused graph':>12} {'vLLM eager':>11} {'vLLM graph':>11}"
+    )
+    print(f"baseline: {name}; times in us for {args.steps} draft steps, V={args.vocab}")
+    print(head + f" {'floor':>7} {'graph/floor':>11} {'vs vLLM graph':>13}")
+    for rows in (int(r) for r in args.rows.split(",")):
+        spec, w1, w2, base3 = make_state(rows, args.vocab, args.rank, args.steps)
+        fused = functools.partial(F._launch, spec, rows, base3, w1, w2)
+        ref = functools.partial(loop, spec, rows, base3, w1, w2)
+        r = dict(rows=rows)
+        r["fused_eager_us"] = time_us(fused, args.iters)
+        r["fused_graph_us"] = time_us(graphed(fused), args.iters)
+        r["vllm_eager_us"] = time_us(ref, args.iters)
+        r["vllm_graph_us"] = time_us(graphed(ref), args.iters)
+        r["floor_us"] = floor_us(rows, args.vocab, args.rank, args.steps)
+        r["fused_graph_over_floor"] = r["fused_graph_us"] / r["floor_us"]
+        r["speedup_vs_vllm_graph"] = r["vllm_graph_us"] / r["fused_graph_us"]
+        results.append(r)
+        print(
+            f"{rows:>5} {r['fused_eager_us']:>12.1f} {r['fused_graph_us']:>12.1f}"
+            f" {r['vllm_eager_us']:>11.1f} {r['vllm_graph_us']:>11.1f} {r['floor_us']:>7.1f}"
+            f" {r['fused_graph_over_floor']:>10.2f}x {r['speedup_vs_vllm_graph']:>12.2f}x",
+            flush=True,
+        )
+    out = dict(
+        device=torch.cuda.get_device_name(),
+        baseline=name,
+        vocab=args.vocab,
+        rank=args.rank,
+        steps=args.steps,
+        config=dict(bv=F.BV_GPU, dot_min_rows=F.DOT_MIN_ROWS, dot_max_tile=F.DOT_MAX_TILE),
+        results=results,
+    )
+    with open(args.json, "w") as f:
+        json.dump(out, f, indent=1)
+    if args.sweep:
+        out["sweep"] = sweep(args)
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+# (BV_GPU, NUM_WARPS, DOT_MIN_ROWS) tried by --sweep; the module's constants are the default.
+SWEEP = [(128, 4, 16), (64, 4, 16), (256, 4, 16), (128, 8, 16), (256, 8, 16), (128, 4, 4)]
+
+
+def sweep(args) -> list:
+    """Fused graphed time of each configuration in SWEEP, for each row count."""
+    saved = (F.BV_GPU, F.NUM_WARPS, F.DOT_MIN_ROWS)
+    rows_list = [int(r) for r in args.rows.split(",")]
+    found = []
+    for rows in rows_list:
+        spec, w1, w2, base3 = make_state(rows, args.vocab, args.rank, args.steps)
+        line = []
+        for bv, warps, dot_min in SWEEP:
+            if dot_min != 16 and rows > 8:
+                continue
+            F.BV_GPU, F.NUM_WARPS, F.DOT_MIN_ROWS = bv, warps, dot_min
+            fused = functools.partial(F._launch, spec, rows, base3, w1, w2)
+            t = time_us(graphed(fused), args.iters)
+            found.append(dict(rows=rows, bv=bv, num_warps=warps, dot_min_rows=dot_min, us=t))
+            line.append(f"bv{bv}/w{warps}/d{dot_min}: {t:.1f}")
+        print(f"sweep rows {rows}: " + ", ".join(line), flush=True)
+    F.BV_GPU, F.NUM_WARPS, F.DOT_MIN_ROWS = saved
+    return found
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,314 @@
+"""ops.fused_markov against vLLM 0.33.0's real ``DSparkSpeculator._sample_sequential`` (CPU).
+
+Both paths run on the same speculator state (``ref_markov.make_case``: vLLM's own
+``DSparkMarkovHead`` and ``LogitsProcessor``), the Triton kernels (ours and vLLM's Gumbel kernel)
+in the interpreter, and ``ref_markov.check_rule`` applies the issue's rule. The cases are sampled
+over vocabularies that are not multiples of the block, ranks, row counts 1..64 and 256, 1..7
+draft steps, temperatures 0/0.3/1/2, inert rows, greedy and probabilistic drafts, fp32 and fp64
+noise, ties, -inf; plus one 129280-token case. Every ``_why_not`` reason is checked with a spy
+on the kernels, and the other side of each numeric boundary is taken.
+
+The interpreter must be on before vLLM or the plugin decorate their kernels, so this module sets
+``TRITON_INTERPRET=1`` and ``CUDA_VISIBLE_DEVICES=`` when no GPU is visible and nobody set them
+(``tests/run.sh`` sets them in CI); with a GPU and no interpreter it skips (see
+``test_fused_markov_gpu.py``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+import pytest  # noqa: E402
+
+import ref_markov as R  # noqa: E402
+from dsv41_gfx942_plugin.ops import _markov_kernels as K  # noqa: E402
+from dsv41_gfx942_plugin.ops import fused_markov as F  # noqa: E402
+
+
+def _interpreted() -> bool:
+    """Triton's library, vLLM's Gumbel helpers and our kernels all decorated under the
+    interpreter (a module imported before TRITON_INTERPRET was set keeps JIT functions that
+    the interpreter cannot call)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return False
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+    from vllm.v1.worker.gpu.sample import gumbel
+
+    return all(
+        isinstance(f, InterpretedFunction)
+        for f in (tl.standard.zeros, gumbel.murmur3_uniform32, K._markov_step_kernel)
+    )
+
+
+pytestmark = pytest.mark.skipif(
+    not _interpreted(),
+    reason="runs Triton in the interpreter: CUDA_VISIBLE_DEVICES= TRITON_INTERPRET=1 (run.sh)",
+)
+
+
+# (vocab, rank, rows, steps, greedy, fp64, seed): a sample of the space, not its product.
+CASES = [
+    (1000, 64, 1, 5, False, False, 1),
+    (1000, 64, 3, 5, True, False, 2),
+    (1500, 128, 5, 7, False, True, 3),
+    (333, 64, 20, 3, False, False, 4),
+    (2053, 64, 64, 2, False, False, 5),
+    (700, 64, 256, 1, False, False, 6),
+    (1025, 64, 8, 4, True, False, 7),
+    (999, 192, 12, 6, False, True, 8),
+    (4097, 64, 2, 1, False, False, 9),
+    (1031, 128, 33, 2, True, False, 10),
+    (517, 64, 17, 5, False, False, 11),
+    (1000, 64, 7, 5, False, True, 12),
+]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_logs(monkeypatch):
+    monkeypatch.setattr(F, "_logged", set())
+
+
+@pytest.mark.parametrize("vocab,rank,rows,steps,greedy,fp64,seed", CASES)
+def test_matches_vllm_loop(vocab, rank, rows, steps, greedy, fp64, seed):
+    spec, hidden = R.make_case(
+        vocab=vocab, rank=rank, rows=rows, n_spec=steps, greedy=greedy, fp64=fp64, seed=seed
+    )
+    took, ref, out = R.run_both(spec, rows, hidden, F.sample_sequential)
+    assert took
+    stats = R.check_rule(
+        spec, rows, R.model_base(spec, rows, hidden), R.model_bias_fn(spec), ref, out
+    )
+    assert stats.differ <= 1e-3 * max(stats.compared, 1)
+    assert stats.tokens_equal == stats.tokens  # only a last-bit bias difference could split them
+
+
+def test_temperatures_and_inert_rows():
+    """Every temperature, all rows inert (as during vLLM's CUDA graph capture), then all live."""
+    for inert, temps in ((1.0, (1.0,)), (0.0, (0.3,)), (0.0, (2.0,)), (0.0, (0.0,))):
+        spec, hidden = R.make_case(vocab=1200, rows=6, n_spec=3, temps=temps, inert=inert, seed=21)
+        took, ref, out = R.run_both(spec, 6, hidden, F.sample_sequential)
+        assert took
+        R.check_rule(spec, 6, R.model_base(spec, 6, hidden), R.model_bias_fn(spec), ref, out)
+
+
+def test_full_vocabulary():
+    """DSv4.1's vocabulary and rank: 129280 x 256, 2 rows, 5 steps."""
+    spec, hidden = R.make_case(vocab=129280, rank=256, rows=2, n_spec=5, temps=(1.0, 0.3), seed=31)
+    took, ref, out = R.run_both(spec, 2, hidden, F.sample_sequential)
+    assert took
+    stats = R.check_rule(spec, 2, R.model_base(spec, 2, hidden), R.model_bias_fn(spec), ref, out)
+    assert stats.differ <= 1e-3 * stats.compared
+    assert stats.tokens_equal == stats.tokens
+
+
+def test_repeated_calls_share_clean_scratch():
+    """The packed winners are reset by every call: later calls with other rows and seeds agree."""
+    spec, hidden = R.make_case(vocab=900, rows=5, n_spec=4, max_num_reqs=8, seed=41)
+    win = F._scratch(spec, spec.device, 900)["win"]
+    for rows, seed in ((5, 1), (3, 2), (5, 3), (1, 4)):
+        spec.seeds.random_(generator=torch.Generator().manual_seed(seed))
+        took, ref, out = R.run_both(spec, rows, hidden, F.sample_sequential)
+        assert took
+        R.check_rule(spec, rows, R.model_base(spec, rows, hidden), R.model_bias_fn(spec), ref, out)
+        assert (win == -(2**63)).all()
+
+
+def test_nan_logits():
+    """NaN base logits. Greedy: the first NaN wins, as torch's argmax (vLLM's greedy path).
+    Sampled: a NaN never wins, as in vLLM's Gumbel kernel under the interpreter (on a GPU its
+    block reduction keeps or drops a NaN by position); the cache holds the NaNs as vLLM's."""
+    for greedy in (True, False):
+        spec, hidden = R.make_case(vocab=800, rows=4, n_spec=3, greedy=greedy, seed=51)
+        spec.model.base[:, 77] = float("nan")
+        spec.model.base[:, 500] = float("nan")
+        took, ref, out = R.run_both(spec, 4, hidden, F.sample_sequential)
+        assert took
+        assert torch.equal(out["tokens"][:4], ref["tokens"][:4])
+        assert ((out["tokens"][:4] == 77).all()) == greedy
+        if not greedy:
+            R.check_rule(spec, 4, R.model_base(spec, 4, hidden), R.model_bias_fn(spec), ref, out)
+
+
+# --- the reasons to decline --------------------------------------------------------------------
+
+
+class _Spy:
+    """Stands in for a kernel: records a launch instead of running it."""
+
+    def __init__(self):
+        self.launches = 0
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches += 1
+
+        return launch
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    s = _Spy()
+    monkeypatch.setattr(K, "_markov_step_kernel", s)
+    monkeypatch.setattr(K, "_markov_last_kernel", s)
+    return s
+
+
+def _base_case(**kw):
+    kw.setdefault("vocab", 300)
+    kw.setdefault("rows", 3)
+    kw.setdefault("n_spec", 2)
+    kw.setdefault("max_num_reqs", 4)
+    return R.make_case(**kw)
+
+
+def _nonbf16(spec):
+    spec.model.model.markov_head.markov_w2.weight.data = (
+        spec.model.model.markov_head.markov_w2.weight.data.half()
+    )
+
+
+def _noncontig(spec):
+    w = spec.model.model.markov_head.markov_w2.weight
+    w.data = w.data.t().contiguous().t()
+
+
+def _cache_layout(spec):
+    c = spec.draft_logits
+    spec.draft_logits = torch.zeros(c.shape[2], c.shape[1], c.shape[0], dtype=c.dtype).permute(
+        2, 1, 0
+    )
+
+
+class _OtherQuant:
+    pass
+
+
+REASONS = {
+    "no Markov head": lambda s: setattr(s.model.model, "markov_head", torch.nn.Linear(2, 2)),
+    "the draft top-k path": lambda s: setattr(s, "_draft_topk", 8),
+    "a draft watermarker": lambda s: setattr(s, "draft_watermarker", object()),
+    "a reduced draft vocabulary": lambda s: setattr(s, "_d2t_scatter_index", torch.arange(3)),
+    "the confidence head": lambda s: setattr(s, "use_confidence_head", True),
+    "the acceptance estimator": lambda s: setattr(s, "acceptance_estimator", object()),
+    "an output logit transform": lambda s: setattr(
+        s.model, "apply_output_logit_transform", lambda x: x
+    ),
+    "a logits soft cap": lambda s: setattr(s.model.logits_processor, "soft_cap", 30.0),
+    "a logits scale": lambda s: setattr(s.model.logits_processor, "scale", 0.5),
+    "a torch.float32 head dtype": lambda s: setattr(
+        s.model.logits_processor, "head_dtype", torch.float32
+    ),
+    "a logits processor the kernel does not mirror": lambda s: setattr(
+        s.model.logits_processor, "logits_as_input", True
+    ),
+    "a quantized Markov head": lambda s: setattr(
+        s.model.model.markov_head.markov_w2, "quant_method", _OtherQuant()
+    ),
+    "a vocab-parallel Markov head": lambda s: setattr(
+        s.model.model.markov_head.markov_w2, "tp_size", 2
+    ),
+    "Markov weights not bf16": _nonbf16,
+    "non-contiguous Markov weights": _noncontig,
+    "a torch.float32 draft logits cache": lambda s: setattr(
+        s, "draft_logits", s.draft_logits.float()
+    ),
+    "a draft logits cache of another layout": _cache_layout,
+}
+
+
+@pytest.mark.parametrize("reason", list(REASONS))
+def test_declines(reason, spy, plugin_log):
+    spec, hidden = _base_case(seed=61)
+    REASONS[reason](spec)
+    assert F._why_not(spec, 3) == reason
+    before = R.snapshot(spec)
+    for _ in range(2):
+        assert F.sample_sequential(spec, 3, hidden) is False
+    assert spy.launches == 0
+    after = R.snapshot(spec)
+    assert torch.equal(before["tokens"], after["tokens"])
+    if before["cache"] is not None:
+        assert torch.equal(before["cache"], after["cache"])
+    logged = [r for r in plugin_log.records if reason in r.getMessage()]
+    assert len(logged) == 1 and logged[0].levelname == "DEBUG"
+
+
+def test_declines_reduced_vocabulary_of_greedy_model(spy):
+    spec, hidden = _base_case(greedy=True, seed=62)
+    spec.model.draft_id_to_target_id = torch.zeros(300, dtype=torch.long)
+    assert F.sample_sequential(spec, 3, hidden) is False
+    assert spy.launches == 0
+
+
+@pytest.mark.parametrize(
+    "rows,ok", [(0, False), (1, True), (4, True), (5, False)]
+)  # max_num_reqs = 4
+def test_row_count_boundaries(rows, ok, spy):
+    spec, hidden = _base_case(rows=3, seed=63)
+    assert (F._why_not(spec, rows) is None) == ok
+    if not ok:
+        assert F.sample_sequential(spec, rows, hidden) is False
+        assert spy.launches == 0
+
+
+@pytest.mark.parametrize(
+    "rank,ok", [(32, False), (64, True), (1024, True), (1088, False), (96, False)]
+)
+def test_rank_boundaries(rank, ok):
+    gen = torch.Generator().manual_seed(64)
+    head = R.make_head(70, rank, "cpu", gen)
+    spec, hidden = _base_case(vocab=70, rows=2, head=head, seed=64)
+    why = F._why_not(spec, 2)
+    assert (why is None) == ok, why
+    if ok:
+        took, ref, out = R.run_both(spec, 2, hidden, F.sample_sequential)
+        assert took
+        R.check_rule(spec, 2, R.model_base(spec, 2, hidden), R.model_bias_fn(spec), ref, out)
+
+
+def test_embedding_smaller_than_vocabulary(spy):
+    spec, hidden = _base_case(seed=65)
+    head = spec.model.model.markov_head
+    head.markov_w1.weight.data = head.markov_w1.weight.data[:299].clone()
+    assert F._why_not(spec, 3) == "a Markov embedding smaller than the vocabulary"
+    head.markov_w1.weight.data = torch.cat([head.markov_w1.weight.data] * 2)  # larger: taken
+    assert F._why_not(spec, 3) is None
+
+
+def test_no_draft_steps(spy):
+    spec, hidden = _base_case(seed=66)
+    spec.num_speculative_steps = 0
+    assert F.sample_sequential(spec, 3, hidden) is False
+    assert spy.launches == 0
+
+
+def test_cpu_without_interpreter(spy, monkeypatch):
+    spec, hidden = _base_case(seed=67)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert F.sample_sequential(spec, 3, hidden) is False
+    assert spy.launches == 0
+
+
+def test_base_logits_the_kernel_cannot_take_run_vllms_loop_once(spy):
+    """Base logits strided along the vocabulary: vLLM's loop from those logits, computed once."""
+    spec, hidden = _base_case(seed=68)
+    calls = []
+    compute = spec.model.compute_draft_logits
+    spec.model.compute_draft_logits = lambda h: calls.append(1) or compute(h).t().contiguous().t()
+    start = R.snapshot(spec)
+    R.vllm_sample_sequential()(spec, 3, hidden)
+    ref = R.snapshot(spec)
+    spec.draft_tokens.copy_(start["tokens"])
+    spec.draft_logits.copy_(start["cache"])
+    calls.clear()
+    assert F.sample_sequential(spec, 3, hidden) is True
+    assert calls == [1] and spy.launches == 0
+    assert torch.equal(ref["tokens"], spec.draft_tokens)
+    assert torch.equal(ref["cache"], spec.draft_logits)

@@ -1,0 +1,94 @@
+"""ops.fused_markov on a GPU (run on an NVIDIA H200): the issue's rule against vLLM's loop run
+eagerly, and the fused launches captured in a CUDA graph and replayed with new seeds.
+
+The H200 has vLLM's Python files only (a carried tarball, no compiled parts): the speculator
+cannot be imported there, so vLLM's loop is ``ref_markov.transcribed_loop`` (the loop with the
+draft model's hooks written out: embedding, bf16 ``F.linear``, add, vLLM's own ``gumbel_sample``),
+and the fused side is ``fused_markov._launch`` on the same state. ``test_fused_markov.py``
+checks ``sample_sequential`` itself against the real speculator on the CPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+        reason="needs a GPU (and Triton compiling for it)",
+    ),
+]
+
+if torch.cuda.is_available() and importlib.util.find_spec("vllm._C") is None:
+    # vLLM's Python files without its compiled parts: keep vLLM off its CUDA platform.
+    import vllm.platforms as _platforms
+    from vllm.platforms.interface import UnspecifiedPlatform
+
+    _platforms._current_platform = UnspecifiedPlatform()
+
+import ref_markov as R  # noqa: E402
+from dsv41_gfx942_plugin.ops import fused_markov as F  # noqa: E402
+
+V = 129280
+
+
+def _check(spec, rows, base3, w1, w2, ref, out, exact_tokens=False):
+    stats = R.check_rule(spec, rows, base3, R.plain_bias_fn(w1, w2, base3.shape[-1]), ref, out)
+    assert stats.differ <= 1e-3 * max(stats.compared, 1), (stats.differ, stats.compared)
+    if exact_tokens:
+        assert stats.tokens_equal == stats.tokens
+    return stats
+
+
+@pytest.mark.parametrize(
+    "vocab,rank,rows,greedy,fp64",
+    [
+        (V, 256, 1, False, False),
+        (V, 256, 8, False, False),
+        (V, 256, 64, False, False),
+        (V, 256, 256, False, False),
+        (V, 256, 5, True, False),
+        (V, 256, 40, True, False),
+        (V, 256, 3, False, True),
+        (V, 256, 33, False, True),
+        (50001, 128, 17, False, False),
+    ],
+)
+def test_matches_vllm_loop(vocab, rank, rows, greedy, fp64):
+    spec, w1, w2, base3 = R.make_plain_case(
+        vocab=vocab, rank=rank, rows=rows, greedy=greedy, fp64=fp64, seed=rows
+    )
+    ref, out = R.run_both_plain(spec, rows, base3, w1, w2, F._launch)
+    _check(spec, rows, base3, w1, w2, ref, out)
+
+
+@pytest.mark.parametrize("rows", [8, 64])
+def test_cuda_graph_replay_new_seeds(rows):
+    """Captured as vLLM captures the draft step (every row inert), replayed with live rows and
+    new seeds; each replay against the eager loop from the same state."""
+    spec, w1, w2, base3 = R.make_plain_case(vocab=V, rank=256, rows=rows, inert=0.0, seed=7)
+    live_idx = spec.sample_idx_mapping.clone()
+    F._launch(spec, rows, base3, w1, w2)  # compiles, allocates the scratch
+    torch.cuda.synchronize()
+    spec.sample_idx_mapping.fill_(-1)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        F._launch(spec, rows, base3, w1, w2)
+    spec.sample_idx_mapping.copy_(live_idx)
+    gen = torch.Generator().manual_seed(rows)
+    for _ in range(3):
+        spec.seeds.copy_(torch.randint(-(2**62), 2**62, spec.seeds.shape, generator=gen))
+        start = R.snapshot(spec)
+        R.transcribed_loop(spec, rows, base3, w1, w2)
+        ref = R.snapshot(spec)
+        R._restore(spec, start)
+        graph.replay()
+        torch.cuda.synchronize()
+        _check(spec, rows, base3, w1, w2, ref, R.snapshot(spec))
+    win = F._scratch(spec, base3.device, V)["win"]
+    assert (win == -(2**63)).all()
