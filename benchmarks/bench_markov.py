@@ -131,7 +131,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--json", default="bench_markov.json")
-    ap.add_argument("--sweep", action="store_true", help="also time other block configurations")
+    ap.add_argument("--sweep", default="", help="row counts for which to time other configurations")
     args = ap.parse_args()
     name, loop = vllm_loop()
     results = []
@@ -183,7 +183,7 @@ SWEEP = [(128, 4, 16), (64, 4, 16), (256, 4, 16), (128, 8, 16), (256, 8, 16), (1
 def sweep(args) -> list:
     """Fused graphed time of each configuration in SWEEP, for each row count."""
     saved = (F.BV_GPU, F.NUM_WARPS, F.DOT_MIN_ROWS)
-    rows_list = [int(r) for r in args.rows.split(",")]
+    rows_list = [int(r) for r in args.sweep.split(",")]
     found = []
     for rows in rows_list:
         spec, w1, w2, base3 = make_state(rows, args.vocab, args.rank, args.steps)

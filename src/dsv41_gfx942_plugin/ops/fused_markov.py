@@ -39,10 +39,10 @@ BV_GPU = 128
 DOT_MIN_ROWS = 16
 DOT_MAX_TILE = 64
 # Under the interpreter every program costs Python time (about 0.1 s on a CI core): large
-# blocks, few programs (16 a step at 129280 tokens), products of at most 2**21 values.
+# blocks, few programs (16 a step at 129280 tokens).
 BV_INTERP = 8192
 INTERP_MAX_TILE = 16
-INTERP_MAX_PRODUCT = 2**21
+INTERP_MAX_PRODUCT = 2**20  # Triton's largest tensor
 # Block-best columns one scan step reads (fp64 noise only).
 NB_CHUNK = 128
 # Markov ranks the kernel takes: a multiple of its rank chunk, at most this many.
