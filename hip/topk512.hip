@@ -2,11 +2,14 @@
 //
 // Every kernel ranks fp32 logits by an order-preserving uint32 key (order_key): NaN above +inf,
 // as torch.topk ranks them, and key 0 for "no entry" (past a row's end, a -1 candidate). A
-// workgroup of BLOCK threads finds the key of its k-th largest entry with a radix select over
-// the key's bits (12, 10, 10) and then writes the entries above it plus just enough entries
-// equal to it (select_top / emit). Histograms are counted per wave: the lanes that share the
-// wave's first one or two digits add their count with one LDS atomic, so a row of equal values
-// (-inf, masked logits) costs no more than a row of distinct ones.
+// workgroup of BLOCK threads holds its keys in registers and finds the cut of its k largest
+// (select_top): first a floor from one histogram pass over the threads' own maxima (at least k
+// keys are >= it, most keys are below it), then an exact radix select (11 bits a pass, over the
+// bits where the candidates differ) of the keys above the floor, copied to an LDS list when few.
+// The taken keys are written at positions from prefix sums (emit), with no atomics. Histogram
+// counts are aggregated per wave: the lanes that share the wave's first one or two digits add
+// with one LDS atomic, so rows of equal values (-inf, masked logits) cost no more than others;
+// when at least k keys equal the floor (all -inf, ties) no histogram of the keys is needed.
 //
 // Kernels (all launched by src/dsv41_gfx942_plugin/ops/topk.py through ops/_launcher.py):
 //   dsv_topk512_chunks / _stream   pass 1 of the decode top-512: one workgroup per chunk of a row
@@ -20,17 +23,19 @@
 constexpr int BLOCK = 1024;
 constexpr int NWAVES = BLOCK / DSV_WAVE;
 constexpr int TOPK = 512;
-constexpr int CHUNK = BLOCK * 16;       // logits a workgroup holds in registers (16 each)
+constexpr int CHUNK = BLOCK * 16;       // a chunk of dsv_topk512_chunks (16 logits a thread)
 constexpr int MAX_MERGE = BLOCK * 32;   // chunk candidates one row can merge (64 chunks of 512)
-constexpr int HIST = 4096;              // bins of the first radix pass (12 bits)
+constexpr int MAX_SELECT = BLOCK * 32;  // blocks of a row dsv_select_blocks scores
+constexpr int DIGIT = 11;               // bits a radix pass resolves (3 passes cover 32)
+constexpr int HIST = 1 << DIGIT;        // bins of a radix pass
+constexpr int LIST = 4096;              // keys above the floor that select_top copies to LDS
 constexpr int TABLE = 4096;             // hash slots for deduplicating <= 2048 candidate blocks
 constexpr uint32_t KEY_POS_INF = 0xff800000u;
 
 __device__ __forceinline__ uint32_t order_key(float f) {
-  uint32_t u = __float_as_uint(f);
-  if (f != f) return 0xffffffffu;  // every NaN ranks above +inf
-  if (u == 0x80000000u) u = 0u;    // -0 ranks as +0
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);  // -inf -> 0x007fffff, never 0
+  const uint32_t u = __float_as_uint(f) & ~(f == 0.f ? 0x80000000u : 0u);  // -0 ranks as +0
+  const uint32_t k = u ^ ((uint32_t)((int32_t)u >> 31) | 0x80000000u);   // -inf -> 0x007fffff
+  return f != f ? 0xffffffffu : k;  // every NaN ranks above +inf; no key is 0
 }
 
 // A row's end as vLLM's decode top-k computes it: 2-D seq_lens (causal == 0) hold one end a
@@ -45,10 +50,10 @@ __device__ __forceinline__ int row_end(const int32_t* seq_lens, int causal, int 
 }
 
 struct Sel {
-  uint32_t hist[HIST];
-  uint32_t wsum[NWAVES];
-  uint32_t bin, above, cnt, found, total;
-  uint32_t ctr_gt, ctr_eq;
+  uint32_t hist[2][HIST];  // ping-pong: one pass counts into one while the other is cleared
+  uint32_t list[LIST];     // keys above select_top's floor, when few enough
+  uint32_t part[2][4][NWAVES];
+  uint32_t res[2][3];
 };
 
 // The cut a select found: take every key > gt, and the first need_eq keys == eq; `total`
@@ -57,57 +62,64 @@ struct Cut {
   uint32_t gt, eq, need_eq, total;
 };
 
-__device__ uint32_t block_excl_scan(uint32_t v, uint32_t* wsum, uint32_t& total) {
-  const int lane = dsv_lane(), w = dsv_wave();
-  uint32_t x = v;
+__device__ __forceinline__ uint32_t wave_scan(uint32_t x) {  // inclusive
+  const int lane = dsv_lane();
 #pragma unroll
   for (int d = 1; d < DSV_WAVE; d <<= 1) {
-    uint32_t y = dsv_shfl_up(x, d);
+    const uint32_t y = dsv_shfl_up(x, d);
     if (lane >= d) x += y;
   }
-  if (lane == DSV_WAVE - 1) wsum[w] = x;
-  __syncthreads();
-  if (w == 0) {
-    uint32_t s = lane < NWAVES ? wsum[lane] : 0u;
-#pragma unroll
-    for (int d = 1; d < DSV_WAVE; d <<= 1) {
-      uint32_t y = dsv_shfl_up(s, d);
-      if (lane >= d) s += y;
-    }
-    if (lane < NWAVES) wsum[lane] = s;
-  }
-  __syncthreads();
-  total = wsum[NWAVES - 1];
-  return (w > 0 ? wsum[w - 1] : 0u) + x - v;
+  return x;
 }
 
-// Finds the bin, counting from the highest, where the running count reaches k: s.bin, the
-// count above it (s.above) and in it (s.cnt). s.found is 0 when all bins hold fewer than k.
-__device__ void find_bin(Sel& s, int nbins, uint32_t k) {
-  const int per = nbins / BLOCK;
-  const int hi = nbins - 1 - (int)threadIdx.x * per;
-  uint32_t sum = 0;
-  for (int i = 0; i < per; ++i) sum += s.hist[hi - i];
-  uint32_t total;
-  const uint32_t before = block_excl_scan(sum, s.wsum, total);
-  if (before < k && before + sum >= k) {
-    uint32_t c = before;
-    for (int i = 0; i < per; ++i) {
-      const uint32_t h = s.hist[hi - i];
-      if (c + h >= k) {
-        s.bin = (uint32_t)(hi - i);
-        s.above = c;
-        s.cnt = h;
-        break;
-      }
-      c += h;
-    }
-  }
-  if (threadIdx.x == 0) {
-    s.found = total >= k;
-    s.total = total;
+// Exclusive prefix sums over the workgroup's threads of a and b, and their totals, with one
+// barrier: every wave redoes the (short) scan of the wave totals. `buf` alternates between
+// consecutive calls so that no barrier is needed after the reads.
+__device__ __forceinline__ void block_scan(Sel& s, int buf, uint32_t& a, uint32_t& b, uint32_t& ta,
+                           uint32_t& tb) {
+  const int lane = dsv_lane(), w = dsv_wave();
+  const uint32_t xa = wave_scan(a), xb = wave_scan(b);
+  if (lane == DSV_WAVE - 1) {
+    s.part[buf][0][w] = xa;
+    s.part[buf][1][w] = xb;
   }
   __syncthreads();
+  const uint32_t pa = wave_scan(lane < NWAVES ? s.part[buf][0][lane] : 0u);
+  const uint32_t pb = wave_scan(lane < NWAVES ? s.part[buf][1][lane] : 0u);
+  ta = dsv_shfl(pa, NWAVES - 1);
+  tb = dsv_shfl(pb, NWAVES - 1);
+  const uint32_t ba = dsv_shfl(pa, w > 0 ? w - 1 : 0), bb = dsv_shfl(pb, w > 0 ? w - 1 : 0);
+  a = (w > 0 ? ba : 0u) + xa - a;
+  b = (w > 0 ? bb : 0u) + xb - b;
+}
+
+__device__ __forceinline__ void wave_reduce(uint32_t& a, uint32_t& b, uint32_t& c, uint32_t& d) {
+#pragma unroll
+  for (int m = DSV_WAVE / 2; m > 0; m >>= 1) {
+    a += dsv_shfl_xor(a, m);
+    b += dsv_shfl_xor(b, m);
+    c = max(c, dsv_shfl_xor(c, m));
+    d = min(d, dsv_shfl_xor(d, m));
+  }
+}
+
+// Workgroup sums of a and b, max of c, min of d, in every thread, with one barrier.
+__device__ __forceinline__ void block_reduce(Sel& s, int buf, uint32_t& a, uint32_t& b, uint32_t& c,
+                             uint32_t& d) {
+  wave_reduce(a, b, c, d);
+  const int lane = dsv_lane(), w = dsv_wave();
+  if (lane == 0) {
+    s.part[buf][0][w] = a;
+    s.part[buf][1][w] = b;
+    s.part[buf][2][w] = c;
+    s.part[buf][3][w] = d;
+  }
+  __syncthreads();
+  a = lane < NWAVES ? s.part[buf][0][lane] : 0u;
+  b = lane < NWAVES ? s.part[buf][1][lane] : 0u;
+  c = lane < NWAVES ? s.part[buf][2][lane] : 0u;
+  d = lane < NWAVES ? s.part[buf][3][lane] : 0xffffffffu;
+  wave_reduce(a, b, c, d);
 }
 
 // Adds one wave's active digits to hist. The lanes holding the first active lane's digit add
@@ -132,17 +144,6 @@ __device__ __forceinline__ void count_digit(uint32_t* hist, bool active, uint32_
   if (rest && !is_hot2) atomicAdd(&hist[digit], 1u);
 }
 
-// A slot in the ctr-counted output for each lane with p set, one atomic a wave.
-__device__ __forceinline__ uint32_t wave_append(bool p, uint32_t* ctr) {
-  const lanemask_t m = dsv_ballot(p);
-  if (m == 0) return 0;
-  const int lead = dsv_ffs(m) - 1;
-  uint32_t base = 0;
-  if (dsv_lane() == lead) base = atomicAdd(ctr, (uint32_t)dsv_popc(m));
-  base = dsv_shfl(base, lead);
-  return base + (uint32_t)dsv_popc(m & dsv_lanes_below());
-}
-
 // Keys held in registers: N a thread, `used` of them (uniform across the workgroup).
 template <int N>
 struct RegKeys {
@@ -151,8 +152,11 @@ struct RegKeys {
   template <class F>
   __device__ __forceinline__ void each(F f) {
 #pragma unroll
-    for (int s = 0; s < N; ++s)
-      if (s < used) f(k[s], s);
+    for (int g = 0; g < N; g += 4) {
+      if (g >= used) break;
+#pragma unroll
+      for (int s = g; s < g + 4 && s < N; ++s) f(k[s], s);
+    }
   }
 };
 
@@ -169,53 +173,153 @@ struct StreamKeys {
   }
 };
 
-// The cut of the k largest valid keys (radix select, 12 + 10 + 10 bits, stops early when a
-// whole bin is taken).
-template <class Keys>
-__device__ Cut select_top(Sel& s, Keys& keys, uint32_t k) {
-  uint32_t prefix = 0, krem = k;
-#pragma unroll 1
-  for (int p = 0; p < 3; ++p) {
-    const int bits = p == 0 ? 12 : 10;
-    const int shift = p == 0 ? 20 : (p == 1 ? 10 : 0);
-    const int nb = 1 << bits;
-    for (int i = threadIdx.x; i < nb; i += BLOCK) s.hist[i] = 0;
-    __syncthreads();
-    keys.each([&](uint32_t key, int) {
-      const bool active = key != 0 && (p == 0 || (key >> (shift + bits)) == prefix);
-      count_digit(s.hist, active, (key >> shift) & (uint32_t)(nb - 1));
-    });
-    __syncthreads();
-    find_bin(s, nb, krem);
-    if (!s.found) return Cut{0u, 0u, 0u, s.total};  // fewer than k: take every valid key
-    prefix = (prefix << bits) | s.bin;
-    krem -= s.above;
-    if (s.cnt == krem) {  // the whole bin is taken: every key >= its lowest key
-      const uint32_t lo = prefix << shift;
-      return Cut{lo == 0 ? 0u : lo - 1, 0u, 0u, k};
+// Keys of the LDS list (select_top's keys above its floor).
+struct ListKeys {
+  const uint32_t* list;
+  int n;
+  template <class F>
+  __device__ __forceinline__ void each(F f) {
+#pragma unroll
+    for (int s = 0; s < LIST / BLOCK; ++s) {
+      const int i = s * BLOCK + (int)threadIdx.x;
+      if (s * BLOCK < n) f(i < n ? list[i] : 0u, s);
     }
   }
-  return Cut{prefix, prefix, krem, k};
+};
+
+// Clears hist[0]; a kernel calls it before loading its keys (select_top's first barrier
+// orders it before the first count).
+__device__ __forceinline__ void select_prologue(Sel& s) {
+  for (int i = threadIdx.x; i < HIST; i += BLOCK) s.hist[0][i] = 0;
 }
 
-// Calls out(key, slot, position) for each taken key; positions are 0..cut.total-1.
-template <class Keys, class Out>
-__device__ void emit(Sel& s, Keys& keys, const Cut cut, Out out) {
-  if (threadIdx.x == 0) {
-    s.ctr_gt = 0;
-    s.ctr_eq = 0;
+// The cut of the k largest keys above `floor` (k <= their count; lo and hi their least and
+// greatest): radix select over the bits below the common prefix of lo and hi, 11 bits a pass,
+// that stops when the k-th key's bin is taken whole. Each pass is one count and three
+// barriers; hist[pc & 1] is clear when pass pc starts. After max_passes it returns a floor
+// instead: every key in or above the k-th key's bin (gt = that bin's least key - 1).
+template <class Keys>
+__device__ __forceinline__ Cut radix_cut(Sel& s, Keys& keys, uint32_t k, uint32_t floor, uint32_t lo,
+                         uint32_t hi, int& pc, int max_passes) {
+  if (lo == hi) return Cut{lo, lo, k, k};  // all equal: any k of them
+  int top = 31 - __clz((int)(lo ^ hi));    // highest bit where the keys differ
+  uint64_t prefix = (uint64_t)hi >> (top + 1);
+  uint32_t krem = k;
+#pragma unroll 1
+  for (int p = 0;; ++p, ++pc) {
+    const int shift = top + 1 > DIGIT ? top + 1 - DIGIT : 0;
+    const int bits = top + 1 - shift;
+    const int nb = 1 << bits;
+    uint32_t* hist = s.hist[pc & 1];
+    for (int i = threadIdx.x; i < HIST; i += BLOCK) s.hist[(pc + 1) & 1][i] = 0;
+    keys.each([&](uint32_t key, int) {
+      const bool active = key > floor && ((uint64_t)key >> (top + 1)) == prefix;
+      count_digit(hist, active, (key >> shift) & (uint32_t)(nb - 1));
+    });
+    __syncthreads();
+    // The bin where the count from the top reaches krem: thread t sums bins nb-1-t*per down.
+    const int per = (nb + BLOCK - 1) / BLOCK;
+    const int b0 = nb - 1 - (int)threadIdx.x * per;
+    uint32_t sum = 0;
+    for (int i = 0; i < per; ++i)
+      if (b0 - i >= 0) sum += hist[b0 - i];
+    uint32_t before = sum, unused = 0, total, t2;
+    block_scan(s, pc & 1, before, unused, total, t2);
+    if (before < krem && before + sum >= krem) {
+      uint32_t c = before;
+      for (int i = 0; i < per; ++i) {
+        const uint32_t h = hist[b0 - i];
+        if (c + h >= krem) {
+          s.res[pc & 1][0] = (uint32_t)(b0 - i);
+          s.res[pc & 1][1] = c;
+          s.res[pc & 1][2] = h;
+          break;
+        }
+        c += h;
+      }
+    }
+    __syncthreads();
+    const uint32_t bin = s.res[pc & 1][0], above = s.res[pc & 1][1], cnt = s.res[pc & 1][2];
+    prefix = (prefix << bits) | bin;
+    krem -= above;
+    if (cnt != krem && shift == 0) {  // the k-th key exactly, with krem of its ties
+      ++pc;
+      return Cut{(uint32_t)prefix, (uint32_t)prefix, krem, k};
+    }
+    if (cnt == krem || p + 1 == max_passes) {  // every key >= the bin's least key
+      ++pc;
+      const uint32_t least = (uint32_t)(prefix << shift);
+      return Cut{least > floor + 1 ? least - 1 : floor, 0u, 0u, k};
+    }
+    top = shift - 1;
   }
+}
+
+// The cut of the k largest valid (nonzero) keys. A floor F comes first, from one histogram
+// pass over the threads' own maxima: at least k maxima, so at least k keys, are >= F, and no
+// key below F can be taken. Most keys fall below it. If fewer than k keys lie above F, F is the
+// k-th key (ties, -inf rows: no more work). Else the keys above F, copied to an LDS list when
+// few, are radix-selected: far fewer keys reach a histogram than the workgroup holds.
+template <class Keys>
+__device__ __forceinline__ Cut select_top(Sel& s, Keys& keys, uint32_t k) {
+  uint32_t nvalid = 0, tmax = 0;
+  keys.each([&](uint32_t key, int) {
+    nvalid += key != 0;
+    tmax = max(tmax, key);
+  });
+  uint32_t nthreads = tmax != 0, thi = tmax, tlo = tmax ? tmax : 0xffffffffu;
+  block_reduce(s, 0, nvalid, nthreads, thi, tlo);
+  if (nvalid <= k) return Cut{0u, 0u, 0u, nvalid};  // take every valid key
+  int pc = 0;
+  uint32_t floor = 0;  // count(key >= floor) >= k
+  if (nthreads >= k) {
+    RegKeys<1> maxima;
+    maxima.k[0] = tmax;
+    maxima.used = 1;
+    const Cut f = radix_cut(s, maxima, k, 0u, tlo, thi, pc, 1);
+    floor = f.need_eq ? f.eq : f.gt + 1;
+  }
+  // The keys above the floor: how many, their least and greatest.
+  uint32_t ngt = 0, ahi = 0, alo = 0xffffffffu, zero = 0;
+  keys.each([&](uint32_t key, int) {
+    const bool a = key > floor;
+    ngt += a;
+    ahi = a ? max(ahi, key) : ahi;
+    alo = a ? min(alo, key) : alo;
+  });
+  const uint32_t mine = ngt;
+  block_reduce(s, 1, ngt, zero, ahi, alo);
+  if (ngt < k) return Cut{floor, floor, k - ngt, k};  // the floor is the k-th key
+  if (ngt > LIST) return radix_cut(s, keys, k, floor, alo, ahi, pc, 3);
+  uint32_t pos = mine, unused = 0, t1, t2;
+  block_scan(s, 0, pos, unused, t1, t2);
+  keys.each([&](uint32_t key, int) {
+    if (key > floor) s.list[pos++] = key;
+  });
   __syncthreads();
+  ListKeys list{s.list, (int)ngt};
+  return radix_cut(s, list, k, floor, alo, ahi, pc, 3);
+}
+
+// Calls out(key, slot, position) for each taken key; positions are 0..cut.total-1, from
+// prefix sums of each thread's counts (no atomics).
+template <class Keys, class Out>
+__device__ __forceinline__ void emit(Sel& s, Keys& keys, const Cut cut, Out out) {
+  uint32_t ngt = 0, neq = 0;
+  keys.each([&](uint32_t key, int) {
+    ngt += key > cut.gt;
+    neq += cut.need_eq != 0 && key == cut.eq;
+  });
+  uint32_t t1, t2;
+  block_scan(s, 0, ngt, neq, t1, t2);
   const uint32_t eq_base = cut.total - cut.need_eq;
   keys.each([&](uint32_t key, int slot) {
-    const bool gt = key > cut.gt;
-    const bool eq = cut.need_eq != 0 && key == cut.eq;
-    const uint32_t pg = wave_append(gt, &s.ctr_gt);
-    const uint32_t pe = wave_append(eq, &s.ctr_eq);
-    if (gt)
-      out(key, slot, pg);
-    else if (eq && pe < cut.need_eq)
-      out(key, slot, eq_base + pe);
+    if (key > cut.gt) {
+      out(key, slot, ngt++);
+    } else if (cut.need_eq != 0 && key == cut.eq) {
+      if (neq < cut.need_eq) out(key, slot, eq_base + neq);
+      ++neq;
+    }
   });
 }
 
@@ -244,7 +348,7 @@ __device__ __forceinline__ int chunk_len(int end, int min_chunk, int max_chunks)
 // Pass 1 of a chunk: its top 512 go straight to the row's indices when the chunk is the whole
 // row, else to the row's candidate scratch (key and column) for dsv_topk512_merge.
 template <class Keys, class Col>
-__device__ void chunk_select(Sel& s, Keys& keys, Col col, int32_t* out_row, uint32_t* ck,
+__device__ __forceinline__ void chunk_select(Sel& s, Keys& keys, Col col, int32_t* out_row, uint32_t* ck,
                              int32_t* ci, bool direct) {
   const Cut cut = select_top(s, keys, TOPK);
   emit(s, keys, cut, [&](uint32_t key, int slot, uint32_t pos) {
@@ -258,9 +362,9 @@ __device__ void chunk_select(Sel& s, Keys& keys, Col col, int32_t* out_row, uint
   if (direct) write_tail(out_row, (int)cut.total, TOPK);
 }
 
-// The register path: 16 logits a thread, read once as 4 float4 (rows 16-byte aligned).
-DSV_KERNEL(BLOCK) dsv_topk512_chunks(TOPK_ARGS) {
-  __shared__ Sel s;
+// The register path: ITEMS logits a thread, read once as float4 (rows 16-byte aligned).
+template <int ITEMS>
+__device__ __forceinline__ void chunk_regs(Sel& s, TOPK_ARGS) {
   const int r = blockIdx.y, c = blockIdx.x;
   const int end = row_end(seq_lens, causal, next_n, r, width);
   int32_t* out_row = indices + r * idx_stride;
@@ -268,29 +372,48 @@ DSV_KERNEL(BLOCK) dsv_topk512_chunks(TOPK_ARGS) {
     if (c == 0) write_iota(out_row, end, TOPK);
     return;
   }
-  const int L = chunk_len(end, min_chunk, max_chunks);  // == CHUNK on this path
+  const int L = chunk_len(end, min_chunk, max_chunks);  // == ITEMS * BLOCK on this path
   const int lo = c * L;
   if (lo >= end) return;
   const int hi = min(lo + L, end);
   const float* row = logits + r * row_stride;
   const int t = threadIdx.x;
-  RegKeys<16> keys;
-  keys.used = 16;
+  select_prologue(s);
+  RegKeys<ITEMS> keys;
+  keys.used = ITEMS;
+  // All loads go out before any is used; a partial float4 (the row's last) is re-read by
+  // elements.
+  float4 v[ITEMS / 4];
 #pragma unroll
-  for (int q = 0; q < 4; ++q) {
+  for (int q = 0; q < ITEMS / 4; ++q) {
     const int c0 = lo + ((q * BLOCK + t) << 2);
-    const bool full = c0 + 3 < hi;
-    const float4 v = *reinterpret_cast<const float4*>(row + (full ? c0 : 0));
-    keys.k[4 * q + 0] = full ? order_key(v.x) : (c0 < hi ? order_key(row[c0]) : 0u);
-    keys.k[4 * q + 1] = full ? order_key(v.y) : (c0 + 1 < hi ? order_key(row[c0 + 1]) : 0u);
-    keys.k[4 * q + 2] = full ? order_key(v.z) : (c0 + 2 < hi ? order_key(row[c0 + 2]) : 0u);
-    keys.k[4 * q + 3] = full ? order_key(v.w) : 0u;
+    v[q] = *reinterpret_cast<const float4*>(row + (c0 + 3 < hi ? c0 : 0));
+  }
+#pragma unroll
+  for (int q = 0; q < ITEMS / 4; ++q) {
+    const int c0 = lo + ((q * BLOCK + t) << 2);
+    if (c0 + 3 >= hi) {
+      v[q].x = c0 < hi ? row[c0] : 0.f;
+      v[q].y = c0 + 1 < hi ? row[c0 + 1] : 0.f;
+      v[q].z = c0 + 2 < hi ? row[c0 + 2] : 0.f;
+    }
+    keys.k[4 * q + 0] = c0 < hi ? order_key(v[q].x) : 0u;
+    keys.k[4 * q + 1] = c0 + 1 < hi ? order_key(v[q].y) : 0u;
+    keys.k[4 * q + 2] = c0 + 2 < hi ? order_key(v[q].z) : 0u;
+    keys.k[4 * q + 3] = c0 + 3 < hi ? order_key(v[q].w) : 0u;
   }
   const bool direct = end <= L;
   const size_t base = ((size_t)r * max_chunks + c) * TOPK;
   chunk_select(
       s, keys, [&](int slot) { return lo + (((slot >> 2) * BLOCK + t) << 2) + (slot & 3); },
       out_row, cand_keys + base, cand_ids + base, direct);
+}
+
+// Chunks of CHUNK logits: rows up to 64 * CHUNK (1M) logits.
+DSV_KERNEL(BLOCK) dsv_topk512_chunks(TOPK_ARGS) {
+  __shared__ Sel s;
+  chunk_regs<CHUNK / BLOCK>(s, logits, row_stride, width, seq_lens, causal, next_n, indices,
+                            idx_stride, cand_keys, cand_ids, max_chunks, min_chunk);
 }
 
 // The general path: any alignment, chunks of chunk_len(end, min_chunk, max_chunks) logits read
@@ -307,6 +430,7 @@ DSV_KERNEL(BLOCK) dsv_topk512_chunks_stream(TOPK_ARGS) {
   const int L = chunk_len(end, min_chunk, max_chunks);
   const int lo = c * L;
   if (lo >= end) return;
+  select_prologue(s);
   StreamKeys keys{logits + r * row_stride, lo, min(lo + L, end)};
   const int t = threadIdx.x;
   const size_t base = ((size_t)r * max_chunks + c) * TOPK;
@@ -328,6 +452,7 @@ DSV_KERNEL(BLOCK) dsv_topk512_merge(TOPK_ARGS) {
   const uint32_t* ck = cand_keys + base;
   const int32_t* ci = cand_ids + base;
   const int t = threadIdx.x;
+  select_prologue(s);
   RegKeys<MAX_MERGE / BLOCK> keys;
   keys.used = (n + BLOCK - 1) / BLOCK;
 #pragma unroll
@@ -336,8 +461,8 @@ DSV_KERNEL(BLOCK) dsv_topk512_merge(TOPK_ARGS) {
     const int ch = p / TOPK, j = p % TOPK;
     const int len = min(L, end - ch * L);  // this chunk wrote min(len, 512) candidates
     const bool ok = p < n && j < len;
-    const uint32_t k = ck[ok ? p : 0];
-    keys.k[s2] = ok ? k : 0u;
+    keys.k[s2] = 0u;
+    if (s2 < keys.used) keys.k[s2] = ok ? ck[p] : 0u;
   }
   int32_t* out_row = indices + r * idx_stride;
   const Cut cut = select_top(s, keys, TOPK);
@@ -402,6 +527,7 @@ DSV_KERNEL(BLOCK) dsv_topk512_candidates(const float* logits, long long row_stri
     if (u.table.slot[h] != i) blocks[i] = -1;
   }
   __syncthreads();
+  select_prologue(u.sel);
   const float* row = logits + r * row_stride;
   const int n = ncand * bs;
   RegKeys<CHUNK / BLOCK> keys;
@@ -440,6 +566,7 @@ DSV_KERNEL(BLOCK) dsv_topk512_compact(const float* logits, long long row_stride,
   }
   const float* row = logits + r * row_stride;
   const int32_t* id_row = ids + r * ids_stride;
+  select_prologue(s);
   RegKeys<CHUNK / BLOCK> keys;
   keys.used = (len + BLOCK - 1) / BLOCK;
 #pragma unroll
@@ -458,6 +585,14 @@ DSV_KERNEL(BLOCK) dsv_topk512_compact(const float* logits, long long row_stride,
 }
 
 // ------------------------------------------------------- candidate blocks (layer 20)
+// The greatest key of columns [c0, c1): out of line, so that the unrolled loop that scores
+// the common 8-column blocks with two float4 loads stays small.
+__device__ __noinline__ uint32_t block_score(const float* row, int c0, int c1) {
+  uint32_t m = 0;
+  for (int c = c0; c < c1; ++c) m = max(m, order_key(row[c]));
+  return m;
+}
+
 // Grid (rows). vLLM's _select_candidate_blocks in one launch: block b of row r scores the
 // NaN-propagating max of its columns below min(end, width); the newest block (end - 1) / bs is
 // pinned to +inf; the K best blocks whose score is not -inf are written (any order), then -1.
@@ -474,27 +609,22 @@ DSV_KERNEL(BLOCK) dsv_select_blocks(const float* logits, long long row_stride, i
   const int newest = end > 0 ? (end - 1) / bs : -1;
   const float* row = logits + r * row_stride;
   const bool vec = bs == 8 && width >= 8 && ((reinterpret_cast<uintptr_t>(row) & 15) == 0);
-  RegKeys<32> keys;
+  select_prologue(s);
+  RegKeys<MAX_SELECT / BLOCK> keys;
   keys.used = (nb + BLOCK - 1) / BLOCK;
 #pragma unroll
-  for (int s2 = 0; s2 < 32; ++s2) {
+  for (int s2 = 0; s2 < MAX_SELECT / BLOCK; ++s2) {
     const int b = s2 * BLOCK + t;
+    const int c0 = b * bs;
     uint32_t m = 0;
     if (s2 < keys.used) {
-      const int c0 = b * bs;
-      if (vec) {
-        const bool full = c0 + 8 <= col_end;
-        const float4* p = reinterpret_cast<const float4*>(row + (full ? c0 : 0));
+      if (vec && c0 + 8 <= col_end) {
+        const float4* p = reinterpret_cast<const float4*>(row + c0);
         const float4 x = p[0], y = p[1];
-        if (full) {
-          m = max(max(max(order_key(x.x), order_key(x.y)), max(order_key(x.z), order_key(x.w))),
-                  max(max(order_key(y.x), order_key(y.y)), max(order_key(y.z), order_key(y.w))));
-        } else {
-          for (int c = c0; c < col_end; ++c) m = max(m, order_key(row[c]));
-        }
-      } else {
-        const int c1 = min(c0 + bs, col_end);
-        for (int c = c0; c < c1; ++c) m = max(m, order_key(row[c]));
+        m = max(max(max(order_key(x.x), order_key(x.y)), max(order_key(x.z), order_key(x.w))),
+                max(max(order_key(y.x), order_key(y.y)), max(order_key(y.z), order_key(y.w))));
+      } else if (b < nb) {
+        m = block_score(row, c0, min(c0 + bs, col_end));
       }
       if (b >= nb) m = 0;
       if (b == newest && b < nb) m = KEY_POS_INF;  // pinned, as vLLM does, even over NaN

@@ -48,7 +48,7 @@ def arg_layout(signature: str) -> list[tuple[int, int]]:
 
 def _packer(signature: str) -> struct.Struct:
     fmt, offset = "<", 0
-    for (start, size), code in zip(arg_layout(signature), signature):
+    for (start, size), code in zip(arg_layout(signature), signature, strict=True):
         fmt += "x" * (start - offset) + ("Q" if code == "P" else code)
         offset = start + size
     return struct.Struct(fmt)  # the explicit kernel arguments, as the code object lays them out

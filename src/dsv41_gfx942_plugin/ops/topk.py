@@ -37,8 +37,10 @@ __all__ = [
 ]
 
 TOPK = 512
-# A workgroup of the register path holds 16384 logits (1024 threads x 16 registers), and the
-# merge holds up to 64 chunks of 512 candidates: rows of up to 1M logits.
+# Pass 1 of the register path: a workgroup (1024 threads) holds a chunk of 16384 logits (16 a
+# thread), and the merge takes up to 64 chunks of 512 candidates a row: rows of up to 1M logits.
+# (Workgroups of 256 threads holding 64 logits each measured 2.5-3.5x slower on an H200: the
+# unrolled per-key code grew past the instruction cache.)
 CHUNK = 16384
 MAX_CHUNKS = 64
 # The general path's defaults, vLLM's in-tree gfx942 values: a row is split into one block for
@@ -49,7 +51,7 @@ MIN_CHUNK = 16384
 # Candidate top-k: at most 2048 blocks (LDS hash table) and 16384 columns (registers) a row.
 MAX_CANDIDATE_BLOCKS = 2048
 MAX_CANDIDATE_COLUMNS = CHUNK
-# Candidate selection keeps up to 32768 block scores of a row in registers.
+# Candidate selection keeps up to 32768 block scores of a row in registers (256k columns of 8).
 MAX_SELECT_BLOCKS = 32768
 
 # Kernel name -> C parameters (P pointer, q int64, i int32); checked against the code object's
