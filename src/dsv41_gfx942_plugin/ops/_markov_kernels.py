@@ -287,8 +287,8 @@ def _markov_last_kernel(
         r,
         rmask,
         n_spec,
-        tokens_ptr,  # unused: n_spec > 0
-        r,
+        tokens_ptr,  # input_ids and anchor_idx: not read, n_spec > 0
+        tokens_ptr,
         win_ptr,
         win_stride,
         keys_ptr,
