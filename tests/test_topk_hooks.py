@@ -225,3 +225,20 @@ def test_reference_check_can_fail():
     top = torch.topk(nan, 512).indices.int()
     assert 3 in top[0].tolist()  # torch ranks NaN first, and so does the reference
     ref.check_decode(nan, 1, torch.tensor([[1000]], dtype=torch.int32), top)
+
+
+def test_kernels_only_for_the_current_device(monkeypatch):
+    from types import SimpleNamespace
+
+    loaded = SimpleNamespace(kernels={"k": 1})
+    monkeypatch.setattr(topk, "_modules", {0: loaded, 2: None})
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(topk, "build", lambda: pytest.fail("must not load here"))
+    on = lambda index: SimpleNamespace(is_cuda=True, device=SimpleNamespace(index=index))
+    assert topk._kernels(on(0)) == {"k": 1}
+    assert topk._kernels(on(1)) is None  # not current: never loaded from here
+    assert topk._kernels(on(2)) is None  # failed before
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert topk._kernels(on(0)) is None  # loaded, but another device is current
+    monkeypatch.setattr(topk, "build", lambda: topk._modules.__setitem__(1, loaded) or True)
+    assert topk._kernels(on(1)) == {"k": 1}  # current and not loaded: loads

@@ -174,8 +174,15 @@ def load(stem: str, kernels: dict[str, str], device: int) -> Module:
     return Module(path, kernels, device)
 
 
+# torch's own accessor of the current raw stream (what Inductor's generated code calls): no
+# Stream object a launch, a fraction of a microsecond.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def stream_handle(device: int) -> int:
     """The raw handle of torch's current stream on ``device``."""
+    if _raw_stream is not None:
+        return _raw_stream(device)
     return torch.cuda.current_stream(device).cuda_stream
 
 

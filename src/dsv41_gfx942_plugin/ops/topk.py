@@ -96,9 +96,17 @@ def build() -> bool:
 
 def _kernels(t: torch.Tensor) -> dict[str, _launcher.Kernel] | None:
     """The loaded kernels for t's device, when they are loaded and that device is current."""
-    if not t.is_cuda or t.device.index != torch.cuda.current_device() or not build():
+    if not t.is_cuda:
         return None
-    return _modules[t.device.index].kernels
+    device = t.device.index
+    module = _modules.get(device)
+    if module is None:  # not loaded yet (load it if t's device is current), or failed
+        if device in _modules or device != torch.cuda.current_device() or not build():
+            return None
+        module = _modules[device]
+    elif device != torch.cuda.current_device():
+        return None
+    return module.kernels
 
 
 def _is_int32_lens(seq_lens: torch.Tensor, rows: int, next_n: int, device) -> bool:
