@@ -2,14 +2,34 @@
 //
 // The kernels are written once against these wrappers. hip/build.py compiles them for gfx942
 // (the product: clang/hipcc, wave64) and for sm_90 (tests and benchmarks on an NVIDIA H200:
-// nvcc, warp32). Every architecture #if of the project lives here (tests/test_topk_build.py
+// nvcc, warp32); tests also build them for the CPU (DSV_CPU_EMU, hip/cpu_emu.h) to run the
+// wave64 logic without a GPU. Every architecture #if of the project lives here (tests/test_topk_build.py
 // checks), so the code that runs on the H200 is the code that ships for gfx942, with only the
 // wave width changed.
 #pragma once
 
 #include <stdint.h>
 
-#if defined(__HIP__)
+#if defined(DSV_CPU_EMU)
+// ---------------------------------------------------------------- CPU emulation (tests only)
+// hip/cpu_emu.h runs a workgroup's threads as fibers; DSV_EMU_WAVE picks the wave width (64 by
+// default, as on gfx942).
+#include "cpu_emu.h"
+
+#ifndef DSV_EMU_WAVE
+#define DSV_EMU_WAVE 64
+#endif
+#define DSV_WAVE DSV_EMU_WAVE
+typedef uint64_t lanemask_t;
+
+inline lanemask_t dsv_ballot(bool p) { return emu_ballot(p); }
+inline int dsv_popc(lanemask_t m) { return __builtin_popcountll(m); }
+inline int dsv_ffs(lanemask_t m) { return __builtin_ffsll((long long)m); }
+inline uint32_t dsv_shfl(uint32_t v, int src) { return emu_shfl(v, src); }
+inline uint32_t dsv_shfl_up(uint32_t v, int d) { return emu_shfl_up(v, d); }
+inline uint32_t dsv_shfl_xor(uint32_t v, int m) { return emu_shfl_xor(v, m); }
+
+#elif defined(__HIP__)
 // ---------------------------------------------------------------- AMD (gfx942), wave64
 #include <hip/hip_runtime.h>
 

@@ -1,0 +1,57 @@
+// The kernels of hip/topk512.hip built for the CPU emulation (hip/cpu_emu.h), as a shared
+// library: dsv_emu_launch(name, grid, threads, packed arguments) runs a kernel over CPU memory,
+// with the arguments packed as ops/_launcher.py packs them for the GPU. Built and driven by
+// tests/test_topk_emu.py.
+#include "../../hip/topk512.hip"
+
+#include <string.h>
+
+#include <tuple>
+
+namespace {
+
+template <class T>
+T take(const char* buf, size_t& off) {
+  off = (off + alignof(T) - 1) / alignof(T) * alignof(T);
+  T v;
+  memcpy(&v, buf + off, sizeof(T));
+  off += sizeof(T);
+  return v;
+}
+
+template <class... A>
+struct Call {
+  void (*kernel)(A...);
+  std::tuple<A...> args;
+  static void run(void* self) {
+    Call* c = static_cast<Call*>(self);
+    std::apply(c->kernel, c->args);
+  }
+};
+
+template <class... A>
+int launch(void (*kernel)(A...), const char* buf, unsigned gx, unsigned gy, unsigned threads) {
+  size_t off = 0;
+  Call<A...> call{kernel, std::tuple<A...>{take<A>(buf, off)...}};
+  for (unsigned y = 0; y < gy; ++y)
+    for (unsigned x = 0; x < gx; ++x)
+      dsv_emu::run_block(dsv_dim3{x, y, 0}, threads, DSV_WAVE, &Call<A...>::run, &call);
+  return 0;
+}
+
+}  // namespace
+
+extern "C" int dsv_emu_wave() { return DSV_WAVE; }
+
+extern "C" int dsv_emu_launch(const char* name, unsigned gx, unsigned gy, unsigned threads,
+                              const char* args) {
+#define DSV_EMU_KERNEL(k) \
+  if (strcmp(name, #k) == 0) return launch(k, args, gx, gy, threads);
+  DSV_EMU_KERNEL(dsv_topk512_chunks)
+  DSV_EMU_KERNEL(dsv_topk512_chunks_stream)
+  DSV_EMU_KERNEL(dsv_topk512_merge)
+  DSV_EMU_KERNEL(dsv_topk512_candidates)
+  DSV_EMU_KERNEL(dsv_topk512_compact)
+  DSV_EMU_KERNEL(dsv_select_blocks)
+  return -1;
+}

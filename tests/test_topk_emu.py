@@ -1,0 +1,159 @@
+"""hip/topk512.hip's kernels on the CPU, against the exact torch references of ref_topk.py.
+
+The kernels are built with g++ for the CPU emulation of hip/cpu_emu.h (a workgroup's threads as
+fibers, wave operations exchanged between them) at wave width 64, as they run on gfx942 (no GPU
+here has that width: the H200 runs them at 32), and at 32. They are launched through ops/topk.py's
+own hooks with the arguments packed as for the GPU, on CPU tensors. Slow per workgroup (about
+0.5 s), so the rows are few and short; tests/test_topk_gpu.py covers sizes on a GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+import ref_topk as ref
+from dsv41_gfx942_plugin.ops import _launcher, topk
+
+ROOT = Path(__file__).resolve().parent.parent
+NEG = float("-inf")
+
+
+@pytest.fixture(scope="module", params=[64, 32], ids=["wave64", "wave32"])
+def emu(request, tmp_path_factory):
+    """ops/topk.py wired to the CPU-built kernels of one wave width."""
+    cxx = shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no C++ compiler for the CPU emulation")
+    lib_path = tmp_path_factory.mktemp("emu") / f"topk_emu{request.param}.so"
+    subprocess.run(
+        [cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-DDSV_CPU_EMU",
+         f"-DDSV_EMU_WAVE={request.param}", "-I", str(ROOT / "hip"),
+         str(ROOT / "tests/emu/topk_emu.cpp"), "-o", str(lib_path)],
+        check=True,
+    )  # fmt: skip
+    lib = ctypes.CDLL(str(lib_path))
+    lib.dsv_emu_launch.argtypes = [ctypes.c_char_p] + [ctypes.c_uint] * 3 + [ctypes.c_char_p]
+    assert lib.dsv_emu_wave() == request.param
+
+    class Kernel:
+        def __init__(self, name):
+            self.name, self.pack = name, _launcher._packer(topk.KERNELS[name])
+
+        def __call__(self, grid, block, stream, *args):
+            assert grid[2] == 1 and block == topk._BLOCK
+            packed = self.pack.pack(*args)
+            rc = lib.dsv_emu_launch(self.name.encode(), grid[0], grid[1], block, packed)
+            assert rc == 0, f"{self.name} is not in tests/emu/topk_emu.cpp"
+
+    class Scratch:
+        def get(self, device, numel):
+            return torch.full((numel,), -7, dtype=torch.int32)
+
+    kernels = {name: Kernel(name) for name in topk.KERNELS}
+    mp = pytest.MonkeyPatch()
+    mp.setattr(topk, "_GPU_TYPE", "cpu")
+    mp.setattr(topk, "_kernels", lambda t: kernels)
+    mp.setattr(topk, "_scratch", Scratch())
+    mp.setattr(_launcher, "stream_handle", lambda device: 0)
+    yield request.param
+    mp.undo()
+
+
+def logits_of(rows, width, kind="randn", seed=0, stride=None):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, stride or width, generator=g)[:, :width]
+    if kind == "ties":
+        x.copy_(torch.randint(0, 3, x.shape, generator=g).float())
+    elif kind == "all_ninf":
+        x.fill_(NEG)
+    elif kind == "masked":  # 7 of 8 blocks of 8 columns at -inf
+        keep = torch.rand(rows, -(-width // 8), generator=g) < 0.125
+        x.masked_fill_(~keep.repeat_interleave(8, 1)[:, :width], NEG)
+    elif kind == "sparse_finite":
+        x.masked_fill_(torch.rand(x.shape, generator=g) >= 0.01, NEG)
+    elif kind == "specials":
+        u = torch.rand(x.shape, generator=g)
+        x.masked_fill_(u < 0.002, float("inf"))
+        x.masked_fill_((u >= 0.002) & (u < 0.003), float("nan"))
+        x.masked_fill_((u >= 0.003) & (u < 0.01), -0.0)
+        x.masked_fill_((u >= 0.02) & (u < 0.1), NEG)
+    return x
+
+
+def lens(ends):
+    return torch.tensor(ends, dtype=torch.int32).view(-1, 1)
+
+
+def out(rows, cols=512):
+    return torch.full((rows, cols), 12345, dtype=torch.int32)
+
+
+@pytest.mark.parametrize(
+    "rows,width,ends,kind",
+    [
+        (2, 16384, [16384, 9001], "randn"),  # one chunk a row: written directly
+        (1, 40000, [39999], "specials"),  # three chunks and the merge
+        (1, 20000, [20000], "ties"),
+        (2, 16384, [16384, 16000], "all_ninf"),
+        (1, 33000, [33000], "sparse_finite"),
+        (1, 32768, [32768], "masked"),
+        (4, 600, [0, 1, 512, 513], "randn"),  # short and empty rows
+    ],
+)
+def test_decode(emu, rows, width, ends, kind):
+    x = logits_of(rows, width, kind, seed=width)
+    idx = out(rows)
+    assert topk.decode_top_k(x, 1, lens(ends), idx, 512)
+    ref.check_decode(x, 1, lens(ends), idx, f"wave{emu} {kind}")
+
+
+def test_decode_general_path(emu):
+    x = logits_of(1, 30001, "specials", seed=3, stride=30003)  # rows not 16-byte aligned
+    idx = out(1)
+    topk.top_k_per_row_decode_512(x, 1, lens([30001]), idx, 3, 1000, register_select=False)
+    ref.check_decode(x, 1, lens([30001]), idx, f"wave{emu} general")
+
+
+def test_decode_causal(emu):
+    x = logits_of(3, 5000, "randn", seed=4)
+    seq = torch.tensor([4999], dtype=torch.int32)
+    idx = out(3, 600)[:, :512]
+    assert topk.decode_top_k(x, 3, seq, idx, 512)
+    ref.check_decode(x, 3, seq, idx, f"wave{emu} causal")
+
+
+def test_candidates(emu):
+    width, bs = 131072, 8
+    x = logits_of(1, width, "specials", seed=5)
+    g = torch.Generator().manual_seed(6)
+    cands = torch.randperm(width // bs, generator=g)[:2048].int().view(1, -1)
+    cands[0, 100:200] = -1
+    cands[0, 1::97] = cands[0, 0]  # duplicates
+    idx = out(1)
+    assert topk.candidate_top_k(x, 1, lens([131000]), cands, bs, idx, 512)
+    ref.check_candidates(x, 1, lens([131000]), cands, bs, idx, f"wave{emu} candidates")
+
+
+def test_compact(emu):
+    x = logits_of(1, 16384, "ties", seed=7)
+    g = torch.Generator().manual_seed(8)
+    ids = torch.randperm(10**6, generator=g)[:16384].int().view(1, -1)
+    ids[0, torch.rand(16384, generator=g) < 0.2] = -1
+    idx = out(1)
+    assert topk.compact_top_k_512(x, ids, lens([10**6]), 1, idx)
+    ref.check_compact(x, ids, 1, lens([10**6]), idx, f"wave{emu} compact")
+
+
+@pytest.mark.parametrize("kind,k", [("randn", 2048), ("masked", 512)])
+def test_select(emu, kind, k):
+    x = logits_of(1, 131072, kind, seed=9)
+    seq = torch.tensor([130001], dtype=torch.int32)
+    cands = torch.full((1, k), 777, dtype=torch.int32)
+    assert topk.select_candidates(x, 1, seq, 8, cands)
+    ref.check_select(x, 1, seq, 8, cands, f"wave{emu} select {kind}")
