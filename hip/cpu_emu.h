@@ -120,7 +120,7 @@ inline void run_block(dsv_dim3 block, unsigned threads, int wave, Body body, voi
     Fiber& f = s.fibers[t];
     f.tid = t;
     std::vector<char>& stack = s.stacks[t];
-    stack.resize(256 * 1024);
+    stack.resize(64 * 1024);
     getcontext(&f.ctx);
     f.ctx.uc_stack.ss_sp = stack.data();
     f.ctx.uc_stack.ss_size = stack.size();

@@ -27,7 +27,7 @@ NEG = float("-inf")
 @pytest.fixture(scope="module", params=[64, 32], ids=["wave64", "wave32"])
 def emu(request, tmp_path_factory):
     """ops/topk.py wired to the CPU-built kernels of one wave width."""
-    cxx = shutil.which("g++") or shutil.which("clang++")
+    cxx = next(filter(None, map(shutil.which, ("g++", "clang++", "clang++-19"))), None)
     if cxx is None:
         pytest.skip("no C++ compiler for the CPU emulation")
     lib_path = tmp_path_factory.mktemp("emu") / f"topk_emu{request.param}.so"
