@@ -165,7 +165,7 @@ def main() -> None:
         vocab=args.vocab,
         rank=args.rank,
         steps=args.steps,
-        config=dict(bv=F.BV_GPU, dot_min_rows=F.DOT_MIN_ROWS, dot_max_tile=F.DOT_MAX_TILE),
+        config=dict(bv=F.BV_GPU, dot_min_tile=F.DOT_MIN_TILE, dot_max_tile=F.DOT_MAX_TILE),
         results=results,
     )
     with open(args.json, "w") as f:
@@ -176,28 +176,26 @@ def main() -> None:
             json.dump(out, f, indent=1)
 
 
-# (BV_GPU, NUM_WARPS, DOT_MIN_ROWS) tried by --sweep; the module's constants are the default.
-SWEEP = [(128, 4, 16), (64, 4, 16), (256, 4, 16), (128, 8, 16), (256, 8, 16), (128, 4, 4)]
+# (BV_GPU, NUM_WARPS, DOT_MAX_TILE) tried by --sweep; the module's constants are the default.
+SWEEP = [(128, 4, 32), (64, 4, 32), (256, 4, 32), (128, 8, 32), (256, 8, 32), (128, 4, 16)]
 
 
 def sweep(args) -> list:
     """Fused graphed time of each configuration in SWEEP, for each row count."""
-    saved = (F.BV_GPU, F.NUM_WARPS, F.DOT_MIN_ROWS)
+    saved = (F.BV_GPU, F.NUM_WARPS, F.DOT_MAX_TILE)
     rows_list = [int(r) for r in args.sweep.split(",")]
     found = []
     for rows in rows_list:
         spec, w1, w2, base3 = make_state(rows, args.vocab, args.rank, args.steps)
         line = []
-        for bv, warps, dot_min in SWEEP:
-            if dot_min != 16 and rows > 8:
-                continue
-            F.BV_GPU, F.NUM_WARPS, F.DOT_MIN_ROWS = bv, warps, dot_min
+        for bv, warps, tile in SWEEP:
+            F.BV_GPU, F.NUM_WARPS, F.DOT_MAX_TILE = bv, warps, tile
             fused = functools.partial(F._launch, spec, rows, base3, w1, w2)
             t = time_us(graphed(fused), args.iters)
-            found.append(dict(rows=rows, bv=bv, num_warps=warps, dot_min_rows=dot_min, us=t))
-            line.append(f"bv{bv}/w{warps}/d{dot_min}: {t:.1f}")
+            found.append(dict(rows=rows, bv=bv, num_warps=warps, max_tile=tile, us=t))
+            line.append(f"bv{bv}/w{warps}/t{tile}: {t:.1f}")
         print(f"sweep rows {rows}: " + ", ".join(line), flush=True)
-    F.BV_GPU, F.NUM_WARPS, F.DOT_MIN_ROWS = saved
+    F.BV_GPU, F.NUM_WARPS, F.DOT_MAX_TILE = saved
     return found
 
 

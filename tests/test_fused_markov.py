@@ -108,6 +108,20 @@ def test_full_vocabulary():
     assert stats.tokens_equal == stats.tokens
 
 
+@pytest.mark.parametrize("rows,greedy", [(1, False), (3, True), (5, False)])
+def test_padded_tile_folds_to_the_rows(rows, greedy, monkeypatch):
+    """The GPU's padding: 16-row GEMM tiles for fewer rows, folded before the epilogue."""
+    monkeypatch.setattr(F, "INTERP_MIN_TILE", 16)
+    assert F._config(rows, 900, 64, True)["R_TILE"] == 16
+    spec, hidden = R.make_case(vocab=900, rows=rows, n_spec=3, greedy=greedy, seed=70 + rows)
+    took, ref, out = R.run_both(spec, rows, hidden, F.sample_sequential)
+    assert took
+    stats = R.check_rule(
+        spec, rows, R.model_base(spec, rows, hidden), R.model_bias_fn(spec), ref, out
+    )
+    assert stats.tokens_equal == stats.tokens
+
+
 def test_repeated_calls_share_clean_scratch():
     """The packed winners are reset by every call: later calls with other rows and seeds agree."""
     spec, hidden = R.make_case(vocab=900, rows=5, n_spec=4, max_num_reqs=8, seed=41)

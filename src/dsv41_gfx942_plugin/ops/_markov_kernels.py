@@ -1,7 +1,7 @@
 """Raw Triton kernels of the fused DSpark Markov sampling; ``fused_markov.py`` launches them.
 
 One launch a draft step, grid ``(cdiv(V, BV),)``: program ``p`` owns tokens ``[p*BV, (p+1)*BV)``
-of every row, and for each tile of ``R_TILE`` rows it
+of every row, and for each tile of ``R_TILE`` rows (``R_EPI`` of them past the GEMM) it
 
 1. takes the row's previous token: step 0 the anchor ``input_ids[anchor_idx[r]]``, a later step
    the previous step's winner (program 0 also stores it in ``draft_tokens[r, step - 1]``);
@@ -169,6 +169,7 @@ def _markov_step_kernel(
     BV: tl.constexpr,
     BK: tl.constexpr,
     R_TILE: tl.constexpr,
+    R_EPI: tl.constexpr,
     GREEDY: tl.constexpr,
     USE_FP64: tl.constexpr,
     USE_DOT: tl.constexpr,
@@ -218,6 +219,13 @@ def _markov_step_kernel(
                 e = _load_f32(e_ptr, rmask[:, None], NATIVE_BF16)
                 w = _load_f32(w_ptr, vmask[:, None], NATIVE_BF16)
                 acc += tl.sum(e[:, None, :] * w[None, :, :], axis=2)
+        if R_EPI < R_TILE:
+            # Fewer rows than the tile (padded for tl.dot; one tile, t0 == 0): fold the padded
+            # rows, exact zeros, away so the epilogue works on R_EPI rows only.
+            acc = tl.sum(tl.reshape(acc, [R_TILE // R_EPI, R_EPI, BV]), axis=0)
+            r = tl.arange(0, R_EPI)
+            rmask = r < rows
+            m2 = rmask[:, None] & vmask[None, :]
         bias = _round_bf16(acc, NATIVE_BF16)
         base = _load_f32(
             base_ptr + r[:, None].to(tl.int64) * base_stride + v[None, :], m2, NATIVE_BF16

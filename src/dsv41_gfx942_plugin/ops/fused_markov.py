@@ -34,14 +34,19 @@ __all__ = ["sample_sequential"]
 # Vocabulary tokens a program on a GPU: 129280 / 128 = 1010 programs, about 8 for each of
 # H200's 132 SMs and 3 for each of MI325X's 304 CUs, so no SM waits on one long program.
 BV_GPU = 128
-# Rows a tile for tl.dot (its M must be at least 16); fewer rows take the fp32 product sum,
-# whose epilogue does not pay for 16 - R padded rows of noise.
-DOT_MIN_ROWS = 16
-DOT_MAX_TILE = 64
+# Rows a tile of the GPU launch: tl.dot needs M >= 16, and on the H200 (Triton 3.6) a 64-row
+# tile asked for 303 KB of shared memory (limit 227 KB), so 16 or 32 rows, more rows in a loop.
+# Fewer than 16 rows are padded for the GEMM and folded away before the epilogue (R_EPI). An fp32
+# product sum in place of tl.dot was far slower (H200-measured, graphed, 5 steps: 254 us at 1
+# row, 1523 us at 8, against 181 and 259 us for vLLM's loop); it serves the interpreter only.
+DOT_MIN_TILE = 16
+DOT_MAX_TILE = 32
 # Under the interpreter every program costs Python time (about 0.1 s on a CI core): large
 # blocks, few programs (16 a step at 129280 tokens).
 BV_INTERP = 8192
 INTERP_MAX_TILE = 16
+# Rows a tile at least under the interpreter (a test sets 16 to run the GPU's padded fold).
+INTERP_MIN_TILE = 1
 INTERP_MAX_PRODUCT = 2**20  # Triton's largest tensor
 # Block-best columns one scan step reads (fp64 noise only).
 NB_CHUNK = 128
@@ -49,6 +54,8 @@ NB_CHUNK = 128
 RANK_STEP = 64
 MAX_RANK = 1024
 NUM_WARPS = 4
+# The smallest vocabulary block any configuration uses (sizes the fp64 block-best scratch).
+MIN_BV = 64
 
 _logged: set[str] = set()
 _buffers: dict = {}
@@ -148,7 +155,7 @@ def _scratch(spec, device: torch.device, vocab: int) -> dict:
         rows, n_spec = spec.max_num_reqs, spec.num_speculative_steps
         buf = {"win": torch.full((n_spec, rows), -(2**63), dtype=torch.int64, device=device)}
         if spec.use_fp64_gumbel:
-            nb = triton.cdiv(vocab, min(BV_GPU, BV_INTERP))
+            nb = triton.cdiv(vocab, MIN_BV)
             buf["keys"] = [torch.empty(rows, nb, dtype=torch.int64, device=device) for _ in "ab"]
             buf["toks"] = [torch.empty(rows, nb, dtype=torch.int32, device=device) for _ in "ab"]
         _buffers[key] = buf
@@ -159,15 +166,16 @@ def _config(num_reqs: int, vocab: int, rank: int, interpreted: bool) -> dict:
     """Block sizes of a step launch for this batch."""
     rows = triton.next_power_of_2(num_reqs)
     if interpreted:
-        bv, tile = min(BV_INTERP, triton.next_power_of_2(vocab)), min(rows, INTERP_MAX_TILE)
+        bv = min(BV_INTERP, triton.next_power_of_2(vocab))
+        tile = max(INTERP_MIN_TILE, min(rows, INTERP_MAX_TILE))
         bk = min(64, max(8, INTERP_MAX_PRODUCT // (tile * bv)))
-        return dict(BV=bv, BK=bk, R_TILE=tile, USE_DOT=False, NATIVE_BF16=False)
-    if rows >= DOT_MIN_ROWS:
-        tile = max(16, min(rows, DOT_MAX_TILE))  # tl.dot takes M >= 16
-        return dict(BV=BV_GPU, BK=64, R_TILE=tile, USE_DOT=True, NATIVE_BF16=True)
-    # fp32 products [R_TILE, BV, BK]: 64 values a thread at 4 warps.
-    bk = min(64, max(8, 8192 // (rows * BV_GPU)))
-    return dict(BV=BV_GPU, BK=bk, R_TILE=rows, USE_DOT=False, NATIVE_BF16=True)
+        return dict(
+            BV=bv, BK=bk, R_TILE=tile, R_EPI=min(rows, tile), USE_DOT=False, NATIVE_BF16=False
+        )
+    tile = max(DOT_MIN_TILE, min(rows, DOT_MAX_TILE))
+    return dict(
+        BV=BV_GPU, BK=64, R_TILE=tile, R_EPI=min(rows, tile), USE_DOT=True, NATIVE_BF16=True
+    )
 
 
 def sample_sequential(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
