@@ -73,6 +73,7 @@ CASES = [
 @pytest.fixture(autouse=True)
 def _fresh_logs(monkeypatch):
     monkeypatch.setattr(F, "_logged", set())
+    monkeypatch.setattr(F, "_broken", set())
 
 
 @pytest.mark.parametrize("vocab,rank,rows,steps,greedy,fp64,seed", CASES)
@@ -326,3 +327,34 @@ def test_base_logits_the_kernel_cannot_take_run_vllms_loop_once(spy):
     assert calls == [1] and spy.launches == 0
     assert torch.equal(ref["tokens"], spec.draft_tokens)
     assert torch.equal(ref["cache"], spec.draft_logits)
+
+
+def test_a_launch_that_does_not_compile_takes_vllms_loop(monkeypatch):
+    """Out of shared memory at the second step's first launch (as a 64-row tile was on the
+    H200): this step takes vLLM's loop from its base logits, the scratch is clean, and later
+    steps of that configuration take vLLM's loop without launching."""
+    from triton.runtime.errors import OutOfResources
+
+    spec, hidden = _base_case(seed=69)
+    real = K._markov_step_kernel
+
+    class FailSecond:
+        launches = 0
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                FailSecond.launches += 1
+                if FailSecond.launches == 2:
+                    raise OutOfResources(303104, 232448, "shared memory")
+                return real[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(K, "_markov_step_kernel", FailSecond())
+    took, ref, out = R.run_both(spec, 3, hidden, F.sample_sequential)
+    assert took and FailSecond.launches == 2
+    assert torch.equal(ref["tokens"], out["tokens"]) and torch.equal(ref["cache"], out["cache"])
+    assert (F._scratch(spec, spec.device, 300)["win"] == -(2**63)).all()
+    took, ref, out = R.run_both(spec, 3, hidden, F.sample_sequential)
+    assert took and FailSecond.launches == 2
+    assert torch.equal(ref["tokens"], out["tokens"]) and torch.equal(ref["cache"], out["cache"])

@@ -25,6 +25,8 @@ import os
 
 import torch
 import triton
+from triton.compiler.errors import CompilationError
+from triton.runtime.errors import OutOfResources
 
 from .._log import logger
 from . import _markov_kernels as K
@@ -59,6 +61,9 @@ MIN_BV = 64
 
 _logged: set[str] = set()
 _buffers: dict = {}
+# Launch configurations that failed to compile here (say, out of shared memory): their steps
+# take vLLM's loop from then on.
+_broken: set = set()
 
 
 def _log_once(why: str) -> None:
@@ -197,16 +202,32 @@ def sample_sequential(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
         # The lm_head's output is not what the kernel adds to: vLLM's loop, from these logits.
         _log_once(f"{base.dtype} base logits of width {vocab} (bias {bias_width})")
         return _loop_rest(spec, num_reqs, base, sample_hidden)
-    _launch(spec, num_reqs, base.view(num_reqs, n_spec, vocab), w1, w2)
+    interpreted = _interpreted(base.device)
+    cfg = _config(num_reqs, vocab, w1.shape[1], interpreted)
+    key = (base.device.type, w1.shape[1], spec.draft_logits is None, bool(spec.use_fp64_gumbel))
+    key += tuple(sorted(cfg.items()))
+    if key in _broken:
+        _log_once(f"a launch configuration that did not compile here: {key}")
+        return _loop_rest(spec, num_reqs, base, sample_hidden)
+    try:
+        _launch(spec, num_reqs, base.view(num_reqs, n_spec, vocab), w1, w2, cfg)
+    except (CompilationError, OutOfResources) as e:
+        # Raised at the first launch of a configuration, before it runs; earlier steps of this
+        # call may have run: clear their winners, and vLLM's loop rewrites every output.
+        logger.warning("dsv41_gfx942: fused Markov launch %s failed to compile (%s)", key, e)
+        _broken.add(key)
+        _scratch(spec, base.device, vocab)["win"].fill_(K.KEY_MIN.value)
+        return _loop_rest(spec, num_reqs, base, sample_hidden)
     return True
 
 
-def _launch(spec, num_reqs: int, base: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> None:
+def _launch(spec, num_reqs: int, base: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, cfg=None):
+    """The step launches and the last one, on ``base`` [rows, n_spec, V] bf16."""
     n_spec, vocab = base.shape[1], base.shape[2]
     device = base.device
     greedy = spec.draft_logits is None
     fp64 = bool(spec.use_fp64_gumbel) and not greedy
-    cfg = _config(num_reqs, vocab, w1.shape[1], _interpreted(device))
+    cfg = cfg or _config(num_reqs, vocab, w1.shape[1], _interpreted(device))
     buf = _scratch(spec, device, vocab)
     win = buf["win"]
     nb = triton.cdiv(vocab, cfg["BV"])
