@@ -273,6 +273,17 @@ def test_row_count_boundaries(rows, ok, spy):
         assert spy.launches == 0
 
 
+@pytest.mark.parametrize("rows,ok", [(8, True), (9, False)])
+def test_gpu_batch_limit(rows, ok, monkeypatch):
+    """On a GPU, batches above MAX_GPU_ROWS keep vLLM's loop (slower fused there, H200)."""
+    spec, hidden = _base_case(rows=3, max_num_reqs=16, seed=66)
+    monkeypatch.setattr(F, "MAX_GPU_ROWS", 8)
+    monkeypatch.setattr(F, "_interpreted", lambda device: False)
+    why = F._why_not(spec, rows)
+    assert why == (None if ok else "more than 8 requests (slower fused than vLLM's loop, "
+                   "H200-measured)")  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "rank,ok", [(32, False), (64, True), (1024, True), (1088, False), (96, False)]
 )
