@@ -7,10 +7,18 @@ so :func:`plugin_log` attaches caplog's handler to the plugin's logger itself.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import types
 
 import pytest
+import torch
+
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    # No GPU: run Triton kernels (vLLM's and ours) in the interpreter, set before anything
+    # imports Triton. vLLM keeps Triton on without a GPU only if CUDA_VISIBLE_DEVICES is empty.
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    os.environ["TRITON_INTERPRET"] = "1"
 
 import dsv41_gfx942_plugin as plugin
 from dsv41_gfx942_plugin import counters, patches, patching
@@ -51,7 +59,7 @@ def plugin_log(caplog):
 @pytest.fixture
 def clean_plugin(monkeypatch):
     """A process in which register() has not run yet and nothing is patched; undone after."""
-    for name in list(__import__("os").environ):
+    for name in list(os.environ):
         if name.startswith("DSV41_GFX942_"):
             monkeypatch.delenv(name)
     monkeypatch.setattr(plugin, "_status", None)
