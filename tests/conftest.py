@@ -42,7 +42,12 @@ def _reaches_root(logger: logging.Logger) -> bool:
 
 @pytest.fixture
 def plugin_log(caplog):
-    """caplog, wired to the plugin's logger at DEBUG (each record captured once)."""
+    """caplog, wired to the plugin's logger at DEBUG (each record captured once), with vLLM's
+    ``*_once`` memory cleared so that a test sees its own once-only records."""
+    import vllm.logger as vllm_logger
+
+    for name in ("_print_debug_once", "_print_info_once", "_print_warning_once"):
+        getattr(vllm_logger, name).cache_clear()
     logger = logging.getLogger(LOGGER_NAME)
     attach = not _reaches_root(logger)
     if attach:

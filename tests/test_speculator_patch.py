@@ -53,10 +53,16 @@ def test_draft_topk_path_is_vllms(calls):
     assert calls.log == ["vllm"]
 
 
-def test_model_hook_first_and_plugin_stands_aside(calls):
+def test_model_hook_first_and_plugin_stands_aside(calls, monkeypatch, plugin_log):
+    from dsv41_gfx942_plugin import indexer
+
+    monkeypatch.setattr(indexer, "layers_built", 0)  # vLLM's --monokernel indexer was built
     patched = make_sample_sequential(_original(calls))
     patched(_Spec(model_hook=lambda *a: calls.log.append("hook") or True), 4, None)
     assert calls.log == ["hook"]
+    served = [r.getMessage() for r in plugin_log.records if "served by" in r.getMessage()]
+    assert len(served) == 1 and "--monokernel path" in served[0]
+    assert "indexer by vLLM's own indexer class" in served[0]
     assert dsv41_gfx942_plugin.stats()["fused_markov"]["reasons"] == {"draft model's own hook": 1}
 
 

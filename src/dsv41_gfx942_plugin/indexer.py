@@ -33,6 +33,9 @@ from ._log import logger
 from .ops import topk
 
 _first_layer: str | None = None
+#: Layers built from the plugin's class in this process (none with vLLM's --monokernel or the
+#: MXFP4 indexer, whose classes bypass the patch): the speculator's log names the indexer path.
+layers_built = 0
 
 
 def make_indexer_cls(original: type) -> type:
@@ -43,7 +46,9 @@ def make_indexer_cls(original: type) -> type:
         """vLLM's sparse indexer op with the plugin's gfx942 decode path in ``forward_hip``."""
 
         def __init__(self, *args, **kwargs):
+            global layers_built
             super().__init__(*args, **kwargs)
+            layers_built += 1
             # Read once per layer: the switches hold for the process.
             self.dsv41_topk = envs.enabled("topk")
             self.dsv41_cand_logits = envs.enabled("cand_logits")

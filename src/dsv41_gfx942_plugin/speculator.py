@@ -22,6 +22,14 @@ def _served_by(path: str) -> None:
     logger.info_once("dsv41_gfx942: DSpark Markov draft sampling is served by %s", path)
 
 
+def _indexer_path() -> str:
+    from . import indexer
+
+    if indexer.layers_built:
+        return "the plugin's decode path"
+    return "vLLM's own indexer class (--monokernel or MXFP4: the plugin's patch is bypassed)"
+
+
 def make_sample_sequential(original: Callable) -> Callable:
     """The patched ``_sample_sequential`` around vLLM's ``original``."""
     fused_on = envs.enabled("fused_markov")
@@ -34,7 +42,8 @@ def make_sample_sequential(original: Callable) -> Callable:
         model_hook = getattr(self.model, "sample_sequential", None)
         if model_hook is not None and model_hook(self, num_reqs, head_hidden):
             counters.record(HOOK, False, "draft model's own hook")
-            _served_by("the draft model's own sample_sequential (vLLM's --monokernel path)")
+            _served_by("the draft model's own sample_sequential (vLLM's --monokernel path); "
+                       f"the DSv4.1 indexer by {_indexer_path()}")  # fmt: skip
             return None
         if fused_on:
             from .ops import fused_markov
