@@ -328,3 +328,23 @@ def test_monokernel_indexer_bypasses_the_patch(clean_plugin, fake_platform):
     clean_plugin.register()
     assert DeepseekV4Indexer.attn_cls.__name__ == "Dsv41Gfx942SparseAttnIndexer"
     assert MonokernelIndexer.attn_cls is InTreeOp
+
+
+def test_hook_that_raises_is_turned_off_and_vllm_runs(vllm_env, monkeypatch, plugin_log):
+    monkeypatch.setattr(indexer, "_failed", set())
+    plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "plain", "mtp_2d")
+    install_hooks(monkeypatch, vllm_env, take=True)
+
+    def boom(logits, next_n, seq_lens, indices, topk_tokens):
+        indices.fill_(123)  # a partial write before the failure
+        raise RuntimeError("kernel bug")
+
+    monkeypatch.setattr(topk, "decode_top_k", vllm_env.spy("hook:decode_top_k", boom))
+    run(vllm_env, oracle_layer, meta, q, n, plugin=False)
+    for _ in range(2):
+        vllm_env.calls.clear()
+        run(vllm_env, plugin_layer, meta, q, n)
+        assert torch.equal(plugin_layer.topk_indices_buffer, oracle_layer.topk_indices_buffer)
+    assert vllm_env.calls == ["vllm:logits", "vllm:topk"]  # not asked again
+    errors = [r for r in plugin_log.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "kernel bug" in errors[0].exc_text

@@ -86,3 +86,23 @@ def test_switch_off_skips_fused(calls, monkeypatch):
     patched = make_sample_sequential(_original(calls))
     patched(_Spec(), 4, None)
     assert calls.log == ["vllm"]
+
+
+def test_fused_path_that_raises_is_turned_off_and_vllm_runs(calls, monkeypatch, plugin_log):
+    import dsv41_gfx942_plugin.speculator as speculator
+
+    monkeypatch.setattr(speculator, "_fused_failed", False)
+
+    def boom(spec, num_reqs, head_hidden):
+        calls.log.append("fused")
+        raise RuntimeError("kernel bug")
+
+    calls.fused.sample_sequential = boom
+    patched = make_sample_sequential(_original(calls))
+    patched(_Spec(), 4, None)
+    patched(_Spec(), 4, None)  # the fused path stays off after it raised
+    assert calls.log == ["fused", "vllm", "vllm"]
+    errors = [r for r in plugin_log.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "kernel bug" in errors[0].exc_text
+    assert dsv41_gfx942_plugin.stats()["fused_markov"]["reasons"] == {
+        "raised": 1, "raised earlier in this process": 1}  # fmt: skip

@@ -126,12 +126,27 @@ def _note_step(prefix: str) -> None:
                          counters.summary())  # fmt: skip
 
 
+_failed: set[str] = set()
+
+
 def _hook(name: str, on: bool, call) -> bool:
-    """Run a hook that may decline; count its decision."""
+    """Run a hook that may decline; count its decision. A hook that raises is logged once and
+    stays off in this process: vLLM's op runs in its place (it rewrites every entry the hook
+    may have touched), so a plugin bug never takes the server down."""
     if not on:
         counters.record(name, False, "switched off")
         return False
-    taken = bool(call())
+    if name in _failed:
+        counters.record(name, False, "raised earlier in this process")
+        return False
+    try:
+        taken = bool(call())
+    except Exception:
+        _failed.add(name)
+        counters.record(name, False, "raised")
+        logger.exception("dsv41_gfx942: hook %s raised; it stays off in this process and "
+                         "vLLM's op runs instead", name)  # fmt: skip
+        return False
     counters.record(name, taken, "" if taken else "declined by the hook")
     return taken
 

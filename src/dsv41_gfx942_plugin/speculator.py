@@ -30,6 +30,28 @@ def _indexer_path() -> str:
     return "vLLM's own indexer class (--monokernel or MXFP4: the plugin's patch is bypassed)"
 
 
+_fused_failed = False
+
+
+def _fused(spec, num_reqs: int, head_hidden) -> bool:
+    """The plugin's fused path; True when it did the step. If it raises, it is logged once and
+    stays off in this process, and vLLM's loop runs (rewriting every token and cached logit the
+    fused path may have touched), so a plugin bug never takes the server down."""
+    global _fused_failed
+    from .ops import fused_markov
+
+    try:
+        if fused_markov.sample_sequential(spec, num_reqs, head_hidden):
+            return True
+        counters.record(HOOK, False, "fused path declined")
+    except Exception:
+        _fused_failed = True
+        counters.record(HOOK, False, "raised")
+        logger.exception("dsv41_gfx942: the fused Markov path raised; it stays off in this "
+                         "process and vLLM's loop runs instead")  # fmt: skip
+    return False
+
+
 def make_sample_sequential(original: Callable) -> Callable:
     """The patched ``_sample_sequential`` around vLLM's ``original``."""
     fused_on = envs.enabled("fused_markov")
@@ -45,16 +67,14 @@ def make_sample_sequential(original: Callable) -> Callable:
             _served_by("the draft model's own sample_sequential (vLLM's --monokernel path); "
                        f"the DSv4.1 indexer by {_indexer_path()}")  # fmt: skip
             return None
-        if fused_on:
-            from .ops import fused_markov
-
-            if fused_markov.sample_sequential(self, num_reqs, head_hidden):
-                counters.record(HOOK, True)
-                _served_by("the plugin's fused Markov launches")
-                return None
-            counters.record(HOOK, False, "fused path declined")
-        else:
+        if not fused_on:
             counters.record(HOOK, False, "DSV41_GFX942_FUSED_MARKOV=0")
+        elif _fused_failed:
+            counters.record(HOOK, False, "raised earlier in this process")
+        elif _fused(self, num_reqs, head_hidden):
+            counters.record(HOOK, True)
+            _served_by("the plugin's fused Markov launches")
+            return None
         _served_by("vLLM's loop")
         return original(self, num_reqs, head_hidden)
 
