@@ -21,20 +21,8 @@ import math
 
 import torch
 
+from _timing import mean_us
 from dsv41_gfx942_plugin.ops import cand_logits
-
-
-def mean_us(fn, iters: int) -> float:
-    for _ in range(10):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / iters
 
 
 def make_step(rows: int, context: int, heads: int, page_size: int, fp8: torch.dtype):
@@ -67,7 +55,7 @@ def twin_ratio(rows, context, heads, page_size, iters):
         args = (q.view(rows, heads, 128), cache, weights, seq_lens, 1, table, blocks, 8, out, ids)
         return lambda: cand_logits.candidate_logits(*args, portable=True)
 
-    cand_us, dense_us = mean_us(run(cand), iters), mean_us(run(every), iters)
+    cand_us, dense_us = mean_us(run(cand), iters, warmup=10), mean_us(run(every), iters, warmup=10)
     return {"candidates_us": cand_us, "all_columns_us": dense_us, "ratio": dense_us / cand_us}
 
 
@@ -98,7 +86,7 @@ def gfx942_ratio(rows, context, heads, page_size, iters):
             q, cache, weights, seq_lens, table, cand, 8, indices, 512, True, False
         )
 
-    plugin_us, dense_us = mean_us(plugin, iters), mean_us(dense, iters)
+    plugin_us, dense_us = mean_us(plugin, iters, warmup=10), mean_us(dense, iters, warmup=10)
     return {"plugin_us": plugin_us, "vllm_dense_us": dense_us, "ratio": dense_us / plugin_us}
 
 

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from _timing import graphed, mean_us
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import indexer_step as harness  # noqa: E402
@@ -32,21 +34,8 @@ class _Patch:
         setattr(obj, name, value)
 
 
-def graphed_us(fn, iters: int = 200) -> float:
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    for _ in range(10):
-        graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / iters
+def graphed_us(fn) -> float:
+    return mean_us(graphed(fn), 200, warmup=10)
 
 
 def main() -> int:

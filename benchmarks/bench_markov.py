@@ -28,6 +28,8 @@ import types
 import torch
 import torch.nn.functional as TF
 
+from _timing import graphed, mean_us
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(HERE, "..", "src"), os.path.join(HERE, "..", "tests")]
 
@@ -96,28 +98,6 @@ def vllm_loop():
         return "torch op sequence", torch_loop
 
 
-def time_us(fn, iters: int) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / iters
-
-
-def graphed(fn):
-    fn()  # compile, allocate scratch
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
-
-
 def floor_us(rows: int, vocab: int, rank: int, n_spec: int) -> float:
     per_step = (vocab + 63) // 64 * 64 * rank * 2 + rows * vocab * 2 * 2
     return n_spec * per_step / HBM_BYTES_PER_S * 1e6
@@ -145,10 +125,10 @@ def main() -> None:
         fused = functools.partial(F._launch, spec, rows, base3, w1, w2)
         ref = functools.partial(loop, spec, rows, base3, w1, w2)
         r = dict(rows=rows)
-        r["fused_eager_us"] = time_us(fused, args.iters)
-        r["fused_graph_us"] = time_us(graphed(fused), args.iters)
-        r["vllm_eager_us"] = time_us(ref, args.iters)
-        r["vllm_graph_us"] = time_us(graphed(ref), args.iters)
+        r["fused_eager_us"] = mean_us(fused, args.iters)
+        r["fused_graph_us"] = mean_us(graphed(fused), args.iters)
+        r["vllm_eager_us"] = mean_us(ref, args.iters)
+        r["vllm_graph_us"] = mean_us(graphed(ref), args.iters)
         r["floor_us"] = floor_us(rows, args.vocab, args.rank, args.steps)
         r["fused_graph_over_floor"] = r["fused_graph_us"] / r["floor_us"]
         r["speedup_vs_vllm_graph"] = r["vllm_graph_us"] / r["fused_graph_us"]
@@ -191,7 +171,7 @@ def sweep(args) -> list:
         for bv, warps, tile in SWEEP:
             F.BV_GPU, F.NUM_WARPS, F.DOT_MAX_TILE = bv, warps, tile
             fused = functools.partial(F._launch, spec, rows, base3, w1, w2)
-            t = time_us(graphed(fused), args.iters)
+            t = mean_us(graphed(fused), args.iters)
             found.append(dict(rows=rows, bv=bv, num_warps=warps, max_tile=tile, us=t))
             line.append(f"bv{bv}/w{warps}/t{tile}: {t:.1f}")
         print(f"sweep rows {rows}: " + ", ".join(line), flush=True)

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from _timing import graphed, mean_us
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 from dsv41_gfx942_plugin.ops import topk  # noqa: E402
 
@@ -32,35 +34,7 @@ DEV = "cuda"
 
 def graph_time_us(fn, iters: int) -> float:
     """Mean device time of fn() over a CUDA graph of ``iters`` calls, replayed 5 times."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(iters):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        g.replay()
-    stop.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(stop) * 1000 / (5 * iters)
-
-
-def eager_time_us(fn, iters: int) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    stop.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(stop) * 1000 / iters
+    return mean_us(graphed(fn, iters), 5, warmup=1) / iters
 
 
 def masked(x: torch.Tensor) -> torch.Tensor:
@@ -147,7 +121,7 @@ def main() -> int:
     for name, plugin, base in [*decode_cases(), *candidate_cases()]:
         p = graph_time_us(plugin, args.iters)
         b = graph_time_us(base, max(args.iters // 5, 4))
-        e = eager_time_us(plugin, args.iters)
+        e = mean_us(plugin, args.iters)
         results.append(
             {"shape": name, "plugin_us": p, "torch_us": b, "speedup": b / p, "plugin_eager_us": e}
         )
