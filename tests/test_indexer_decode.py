@@ -348,3 +348,22 @@ def test_hook_that_raises_is_turned_off_and_vllm_runs(vllm_env, monkeypatch, plu
     assert vllm_env.calls == ["vllm:logits", "vllm:topk"]  # not asked again
     errors = [r for r in plugin_log.records if r.levelname == "ERROR"]
     assert len(errors) == 1 and "kernel bug" in errors[0].exc_text
+
+
+def test_first_decode_step_is_logged_once(vllm_env, monkeypatch, plugin_log):
+    """One INFO line with the counters once every layer has run its first decode step, then
+    none; the summary is registered for exit."""
+    monkeypatch.setattr(indexer, "_first_layer", None)
+    monkeypatch.setattr(indexer, "_first_step_logged", False)
+    at_exit = []
+    monkeypatch.setattr(indexer.atexit, "register", at_exit.append)
+    install_hooks(monkeypatch, vllm_env, take=True)
+    seq, decode_lens, padded, n_dec, q = make_step("mtp_2d")
+    meta = metadata(seq, decode_lens, padded, n_dec)
+    first, second = make_layer(vllm_env, "plain", n_dec), make_layer(vllm_env, "writer", n_dec)
+    for _ in range(3):
+        for layer in (first, second):
+            run(vllm_env, layer, meta, q, n_dec)
+    lines = [r.getMessage() for r in plugin_log.records if "first decode step" in r.getMessage()]
+    assert len(lines) == 1 and "indexer_decode 2/2" in lines[0]
+    assert len(at_exit) == 1

@@ -33,6 +33,7 @@ from ._log import logger
 from .ops import topk
 
 _first_layer: str | None = None
+_first_step_logged = False
 #: Layers built from the plugin's class in this process (none with vLLM's --monokernel or the
 #: MXFP4 indexer, whose classes bypass the patch): the speculator's log names the indexer path.
 layers_built = 0
@@ -98,8 +99,8 @@ def indexer_step(layer, hidden_states, q_fp8, k, weights) -> torch.Tensor:
     attn_metadata = get_forward_context().attn_metadata
     meta = attn_metadata.get(layer.k_cache.prefix) if isinstance(attn_metadata, dict) else None
     reason = _why_vllm(layer, meta)
-    counters.record("indexer_decode", reason is None, reason or "")
     if reason is not None:
+        counters.record("indexer_decode", False, reason)
         return _vllm_rocm.rocm_aiter_sparse_attn_indexer(
             hidden_states, layer.k_cache.prefix, layer.k_cache.kv_cache, q_fp8, k, weights,
             layer.quant_block_size, layer.scale_fmt, layer.topk_tokens, layer.head_dim,
@@ -111,19 +112,23 @@ def indexer_step(layer, hidden_states, q_fp8, k, weights) -> torch.Tensor:
             candidate_write=layer.candidate_write,
         )  # fmt: skip
     _note_step(layer.k_cache.prefix)
+    counters.record("indexer_decode", True)
     return decode_step(layer, meta, hidden_states.shape[0], q_fp8, weights)
 
 
 def _note_step(prefix: str) -> None:
-    """Log which hooks serve once the first decode step has passed every layer (when the
-    first layer comes round again), and a summary at exit."""
-    global _first_layer
+    """Log which hooks serve once, when the first decode step has passed every layer (the
+    first layer comes round again), and a summary at exit. Costs one comparison a layer after."""
+    global _first_layer, _first_step_logged
+    if _first_step_logged:
+        return
     if _first_layer is None:
         _first_layer = prefix
         atexit.register(lambda: logger.info("dsv41_gfx942 hook counters: %s", counters.summary()))
     elif prefix == _first_layer:
-        logger.info_once("dsv41_gfx942: first decode step done; hooks taken/decided: %s",
-                         counters.summary())  # fmt: skip
+        _first_step_logged = True
+        logger.info("dsv41_gfx942: first decode step done; hooks taken/decided: %s",
+                    counters.summary())  # fmt: skip
 
 
 _failed: set[str] = set()
