@@ -3,13 +3,17 @@ path, the draft model's own hook, then the plugin's fused path, then vLLM's orig
 
 from __future__ import annotations
 
+import os
 import sys
 import types
 
 import pytest
 
 import dsv41_gfx942_plugin
+from dsv41_gfx942_plugin import patches
 from dsv41_gfx942_plugin.speculator import make_sample_sequential
+
+SAMPLER = patches.SAMPLER.target
 
 
 class _Spec:
@@ -106,3 +110,35 @@ def test_fused_path_that_raises_is_turned_off_and_vllm_runs(calls, monkeypatch, 
     assert len(errors) == 1 and "kernel bug" in errors[0].exc_text
     assert dsv41_gfx942_plugin.stats()["fused_markov"]["reasons"] == {
         "raised": 1, "raised earlier in this process": 1}  # fmt: skip
+
+
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1",
+    reason="the fused Triton kernels run on the CPU only in the interpreter",
+)
+@pytest.mark.parametrize("greedy", [False, True])
+def test_end_to_end_on_vllms_real_speculator(clean_plugin, fake_platform, targets, monkeypatch,
+                                             greedy):  # fmt: skip
+    """register() on a (stand-in) ROCm gfx942 platform, then a draft step through the patched
+    method of vLLM's real DSparkSpeculator: the fused path serves, with vLLM's tokens."""
+    import vllm.platforms
+    from vllm.platforms.interface import UnspecifiedPlatform
+    from vllm.v1.worker.gpu.spec_decode.dspark.speculator import DSparkSpeculator
+
+    import ref_markov as R
+
+    clean_plugin.register()
+    assert DSparkSpeculator._sample_sequential is not targets[SAMPLER]
+    # The stand-in platform was for register() only; the step runs on this machine's.
+    monkeypatch.setattr(vllm.platforms, "_current_platform", UnspecifiedPlatform())
+    spec, hidden = R.make_case(vocab=333, rows=3, n_spec=3, greedy=greedy, seed=71)
+
+    def patched(s, rows, h):
+        s._sample_sequential(rows, h)  # the instance's (patched) method
+        return True
+
+    took, ref, out = R.run_both(spec, 3, hidden, patched)
+    stats = R.check_rule(spec, 3, R.model_base(spec, 3, hidden), R.model_bias_fn(spec), ref, out)
+    assert stats.tokens > 0
+    assert dsv41_gfx942_plugin.stats()["fused_markov"] == {"taken": 1, "declined": 0,
+                                                           "reasons": {}}  # fmt: skip
