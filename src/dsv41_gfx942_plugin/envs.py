@@ -24,7 +24,7 @@ class EnvVar:
     """One documented variable: its name, default and what it does."""
 
     name: str
-    default: bool | str
+    default: bool
     help: str
 
 
@@ -50,12 +50,6 @@ VARIABLES: dict[str, EnvVar] = {
             "DSV41_GFX942_FUSED_MARKOV",
             True,
             "DSpark Markov draft sampling fused to one launch a draft step (Triton).",
-        ),
-        EnvVar(
-            "DSV41_GFX942_KERNEL_DIR",
-            "",
-            "Folder to load code objects from instead of the package's _kernels/ "
-            "(tests and benchmarks of an sm_90 build; empty: the shipped ones).",
         ),
         EnvVar(
             "DSV41_GFX942_REQUIRE_HIP",
@@ -87,7 +81,6 @@ def _warn_once(name: str, raw: str, default: bool) -> None:
 def get_bool(name: str) -> bool:
     """The boolean value of a documented variable (its default when unset or unreadable)."""
     var = VARIABLES[name]
-    assert isinstance(var.default, bool)
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return var.default
@@ -98,12 +91,6 @@ def get_bool(name: str) -> bool:
         return False
     _warn_once(name, raw, var.default)
     return var.default
-
-
-def get_str(name: str) -> str:
-    """The string value of a documented variable (its default when unset)."""
-    var = VARIABLES[name]
-    return os.environ.get(name, str(var.default))
 
 
 def disabled() -> bool:
