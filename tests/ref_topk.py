@@ -60,6 +60,12 @@ def check_row(out: torch.Tensor, keys: torch.Tensor, cols: torch.Tensor, k: int,
     assert bad == 0, f"{what}: {bad} of {n} values differ from the reference top-{k}"
 
 
+def check_short_row(row: torch.Tensor, end: int, what: str) -> None:
+    """A row ending at or before 512 gets ``0..end-1`` then -1, whatever its logits."""
+    want = torch.tensor([j if j < end else -1 for j in range(TOPK)], dtype=row.dtype)
+    assert torch.equal(row, want), f"{what} (end {end}): not 0..end-1, -1"
+
+
 def check_decode(logits, next_n, seq_lens, indices, what=""):
     """Every row of a decode top-512 against torch (all of ``logits`` is compared on CPU)."""
     logits, indices = logits.float().cpu(), indices.cpu()
@@ -67,8 +73,7 @@ def check_decode(logits, next_n, seq_lens, indices, what=""):
     for r, end in enumerate(decode_row_ends(seq_lens.cpu(), rows, next_n, width)):
         row = indices[r, :TOPK]
         if end <= TOPK:
-            want = torch.tensor([j if j < end else -1 for j in range(TOPK)], dtype=row.dtype)
-            assert torch.equal(row, want), f"{what} row {r} (end {end}): not 0..end-1, -1"
+            check_short_row(row, end, f"{what} row {r}")
             continue
         check_row(row, order_key(logits[r, :end]), torch.arange(end), TOPK, f"{what} row {r}")
 
@@ -87,8 +92,7 @@ def check_candidates(logits, next_n, seq_lens, candidates, block_size, indices, 
     for r, end in enumerate(decode_row_ends(seq_lens.cpu(), rows, next_n, width)):
         row = indices[r, :TOPK]
         if end <= TOPK:
-            want = torch.tensor([j if j < end else -1 for j in range(TOPK)], dtype=row.dtype)
-            assert torch.equal(row, want), f"{what} row {r} (end {end}): not 0..end-1, -1"
+            check_short_row(row, end, f"{what} row {r}")
             continue
         cols = candidate_columns(candidates[r], block_size, end)
         check_row(row, order_key(logits[r, cols]), cols, TOPK, f"{what} row {r}")
@@ -101,8 +105,7 @@ def check_compact(logits, ids, next_n, seq_lens, indices, what=""):
     for r, end in enumerate(decode_row_ends(seq_lens.cpu(), rows, next_n, 2**31 - 1)):
         row = indices[r, :TOPK]
         if end <= TOPK:
-            want = torch.tensor([j if j < end else -1 for j in range(TOPK)], dtype=row.dtype)
-            assert torch.equal(row, want), f"{what} row {r} (end {end}): not 0..end-1, -1"
+            check_short_row(row, end, f"{what} row {r}")
             continue
         live = ids[r] >= 0
         check_row(row, order_key(logits[r][live]), ids[r][live].long(), TOPK, f"{what} row {r}")
