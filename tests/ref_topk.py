@@ -66,15 +66,22 @@ def check_short_row(row: torch.Tensor, end: int, what: str) -> None:
     assert torch.equal(row, want), f"{what} (end {end}): not 0..end-1, -1"
 
 
-def check_decode(logits, next_n, seq_lens, indices, what=""):
-    """Every row of a decode top-512 against torch (all of ``logits`` is compared on CPU)."""
-    logits, indices = logits.float().cpu(), indices.cpu()
-    rows, width = logits.shape
+def long_rows(indices, seq_lens, rows, next_n, width, what):
+    """(r, end, first 512 entries) of each row longer than 512, having checked every shorter
+    row's contract on the way."""
     for r, end in enumerate(decode_row_ends(seq_lens.cpu(), rows, next_n, width)):
         row = indices[r, :TOPK]
         if end <= TOPK:
             check_short_row(row, end, f"{what} row {r}")
-            continue
+        else:
+            yield r, end, row
+
+
+def check_decode(logits, next_n, seq_lens, indices, what=""):
+    """Every row of a decode top-512 against torch (all of ``logits`` is compared on CPU)."""
+    logits, indices = logits.float().cpu(), indices.cpu()
+    rows, width = logits.shape
+    for r, end, row in long_rows(indices, seq_lens, rows, next_n, width, what):
         check_row(row, order_key(logits[r, :end]), torch.arange(end), TOPK, f"{what} row {r}")
 
 
@@ -89,11 +96,7 @@ def check_candidates(logits, next_n, seq_lens, candidates, block_size, indices, 
     """candidate_top_k against the mask-then-top-k reference on each row's candidate columns."""
     logits, indices, candidates = logits.float().cpu(), indices.cpu(), candidates.cpu()
     rows, width = logits.shape
-    for r, end in enumerate(decode_row_ends(seq_lens.cpu(), rows, next_n, width)):
-        row = indices[r, :TOPK]
-        if end <= TOPK:
-            check_short_row(row, end, f"{what} row {r}")
-            continue
+    for r, end, row in long_rows(indices, seq_lens, rows, next_n, width, what):
         cols = candidate_columns(candidates[r], block_size, end)
         check_row(row, order_key(logits[r, cols]), cols, TOPK, f"{what} row {r}")
 
@@ -102,11 +105,7 @@ def check_compact(logits, ids, next_n, seq_lens, indices, what=""):
     """compact_top_k_512 against torch on each row's entries whose id is >= 0."""
     logits, ids, indices = logits.float().cpu(), ids.cpu(), indices.cpu()
     rows = logits.shape[0]
-    for r, end in enumerate(decode_row_ends(seq_lens.cpu(), rows, next_n, 2**31 - 1)):
-        row = indices[r, :TOPK]
-        if end <= TOPK:
-            check_short_row(row, end, f"{what} row {r}")
-            continue
+    for r, _, row in long_rows(indices, seq_lens, rows, next_n, 2**31 - 1, what):
         live = ids[r] >= 0
         check_row(row, order_key(logits[r][live]), ids[r][live].long(), TOPK, f"{what} row {r}")
 
