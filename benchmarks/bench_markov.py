@@ -132,6 +132,7 @@ def main() -> None:
         r["floor_us"] = floor_us(rows, args.vocab, args.rank, args.steps)
         r["fused_graph_over_floor"] = r["fused_graph_us"] / r["floor_us"]
         r["speedup_vs_vllm_graph"] = r["vllm_graph_us"] / r["fused_graph_us"]
+        r["config"] = F._config(rows, args.vocab, args.rank, False)
         results.append(r)
         print(
             f"{rows:>5} {r['fused_eager_us']:>12.1f} {r['fused_graph_us']:>12.1f}"
@@ -145,7 +146,6 @@ def main() -> None:
         vocab=args.vocab,
         rank=args.rank,
         steps=args.steps,
-        config=dict(bv=F.BV_GPU, dot_min_tile=F.DOT_MIN_TILE, dot_max_tile=F.DOT_MAX_TILE),
         results=results,
     )
     with open(args.json, "w") as f:
@@ -156,26 +156,29 @@ def main() -> None:
             json.dump(out, f, indent=1)
 
 
-# (BV_GPU, NUM_WARPS, DOT_MAX_TILE) tried by --sweep; the module's constants are the default.
-SWEEP = [(128, 4, 32), (64, 4, 32), (256, 4, 32), (128, 8, 32), (256, 8, 32), (128, 4, 16)]
+# Launch configurations tried by --sweep, each over the module's configuration for the rows.
+SWEEP = [
+    dict(BV=64, R_TILE=16),
+    dict(BV=64, R_TILE=32),
+    dict(BV=128, R_TILE=16),
+    dict(BV=128, R_TILE=32),
+    dict(BV=256, R_TILE=16, num_warps=8),
+]
 
 
 def sweep(args) -> list:
     """Fused graphed time of each configuration in SWEEP, for each row count."""
-    saved = (F.BV_GPU, F.NUM_WARPS, F.DOT_MAX_TILE)
-    rows_list = [int(r) for r in args.sweep.split(",")]
     found = []
-    for rows in rows_list:
+    for rows in (int(r) for r in args.sweep.split(",")):
         spec, w1, w2, base3 = make_state(rows, args.vocab, args.rank, args.steps)
         line = []
-        for bv, warps, tile in SWEEP:
-            F.BV_GPU, F.NUM_WARPS, F.DOT_MAX_TILE = bv, warps, tile
-            fused = functools.partial(F._launch, spec, rows, base3, w1, w2)
+        for over in SWEEP:
+            cfg = F._config(rows, args.vocab, args.rank, False, over)
+            fused = functools.partial(F._launch, spec, rows, base3, w1, w2, cfg)
             t = mean_us(graphed(fused), args.iters)
-            found.append(dict(rows=rows, bv=bv, num_warps=warps, max_tile=tile, us=t))
-            line.append(f"bv{bv}/w{warps}/t{tile}: {t:.1f}")
+            found.append(dict(rows=rows, us=t, **cfg))
+            line.append(f"{over}: {t:.1f}")
         print(f"sweep rows {rows}: " + ", ".join(line), flush=True)
-    F.BV_GPU, F.NUM_WARPS, F.DOT_MAX_TILE = saved
     return found
 
 

@@ -3,12 +3,13 @@
 vLLM 0.33.0's ``DSparkSpeculator._sample_sequential`` runs about 9 kernels for each of the 5 draft
 steps (Markov embedding, a bias GEMV over the whole vocabulary reading the 66 MB ``markov_w2``,
 the add, the Gumbel sample's kernel, argmax and gather, the token store). Here each step is one
-launch (``_markov_kernels._markov_step_kernel``): every program takes a block of the vocabulary
-for all rows, so ``markov_w2`` is read once a step whatever the batch, computes bias + base logits,
-caches them, and reduces its block's Gumbel-max (vLLM's own noise) into one packed key a row;
-the next step's programs read the previous token from those keys. One small launch stores the
-last step's tokens. It serves greedy and probabilistic drafts, fp32 and fp64 noise, any batch up
-to the speculator's ``max_num_reqs``, and runs inside vLLM's CUDA graph of the draft step.
+launch (``_markov_kernels._markov_step_kernel``) over a grid of (row tile, vocabulary block)
+programs: each computes its tile's bias as a small GEMM (the programs sharing a block of
+``markov_w2`` run together, so it leaves DRAM about once a step whatever the batch), adds the base
+logits, caches them, and reduces its block's Gumbel-max (vLLM's own noise) into one packed key a
+row; the next step's programs read the previous token from those keys. One small launch stores
+the last step's tokens. It serves greedy and probabilistic drafts, fp32 and fp64 noise, any batch
+up to the speculator's ``max_num_reqs``, and runs inside vLLM's CUDA graph of the draft step.
 
 Tokens equal vLLM's wherever the step's logits are bit-equal; a bias may differ from vLLM's in
 its last bf16 bit (another summation order of the same exact products), which changes only which
@@ -33,16 +34,24 @@ from . import _markov_kernels as K
 
 __all__ = ["sample_sequential"]
 
-# Vocabulary tokens a program on a GPU: 129280 / 128 = 1010 programs, about 8 for each of
-# H200's 132 SMs and 3 for each of MI325X's 304 CUs, so no SM waits on one long program.
-BV_GPU = 128
-# Rows a tile of the GPU launch: tl.dot needs M >= 16, and on the H200 (Triton 3.6) a 64-row
-# tile asked for 303 KB of shared memory (limit 227 KB), so 16 or 32 rows, more rows in a loop.
-# Fewer than 16 rows are padded for the GEMM and folded away before the epilogue (R_EPI). An fp32
-# product sum in place of tl.dot was far slower (H200-measured, graphed, 5 steps: 254 us at 1
-# row, 1523 us at 8, against 181 and 259 us for vLLM's loop); it serves the interpreter only.
+# GPU launch configurations, by the largest batch (rows rounded up to a power of 2) each serves:
+# vocabulary tokens a program (BV), rank chunk of the pipelined GEMM loop (BK), rows a tile
+# (R_TILE; tl.dot needs M >= 16: fewer rows are padded and folded away before the epilogue), and
+# Triton's num_warps and num_stages. H200-measured, fused graphed, 5 steps, V = 129280, rank 256
+# (Triton 3.6; each alternative timed in the same run):
+# - 1 row: BV 128 103 us, BV 64 111, BV 256 (8 warps) 114; 8 rows: BV 128 120, BV 64 122.
+# - 32 rows, R_TILE 32: BV 64 198 us, BV 128 218. 64 rows: BV 64 334 us, BV 128 373, BV 64 with
+#   16-row tiles 389. 128 rows: 608 us, 16-row tiles 733. 256 rows: 1084 us; 16-row tiles 1423,
+#   8 warps 1433, BV 32 1323; 64-row tiles (BV 64 or 128) and 128-row tiles were slower still.
+# At 1 row, before odd steps ran backwards: 3 stages 122 us, 4 stages 121, BK 128 125, BK 32 143.
+# An fp32 product sum in place of tl.dot was far slower (254 us at 1 row, 1523 us at 8); it
+# serves the interpreter only.
+GPU_CONFIGS = (
+    (8, dict(BV=128, BK=64, R_TILE=16, num_warps=4, num_stages=3)),
+    (16, dict(BV=64, BK=64, R_TILE=16, num_warps=4, num_stages=3)),
+    (1 << 30, dict(BV=64, BK=64, R_TILE=32, num_warps=4, num_stages=3)),
+)
 DOT_MIN_TILE = 16
-DOT_MAX_TILE = 32
 # Under the interpreter every program costs Python time (about 0.1 s on a CI core): large
 # blocks, few programs (16 a step at 129280 tokens).
 BV_INTERP = 8192
@@ -55,7 +64,6 @@ NB_CHUNK = 128
 # Markov ranks the kernel takes: a multiple of its rank chunk, at most this many.
 RANK_STEP = 64
 MAX_RANK = 1024
-NUM_WARPS = 4
 # Requests a step the fused launches take on a GPU. H200-measured, graphed, 5 steps, V = 129280
 # (benchmarks/bench_markov.py): 1.54x vLLM's loop at 1 row and 1.21x at 8, but 0.64x at 64 and
 # 0.50x at 256. Larger batches keep vLLM's loop until the kernel wins there too; vLLM's in-tree
@@ -174,8 +182,9 @@ def _scratch(spec, device: torch.device, vocab: int) -> dict:
     return _buffers[key]
 
 
-def _config(num_reqs: int, vocab: int, rank: int, interpreted: bool) -> dict:
-    """Block sizes of a step launch for this batch."""
+def _config(num_reqs: int, vocab: int, rank: int, interpreted: bool, over=None) -> dict:
+    """Block sizes of a step launch for this batch; on a GPU, ``over`` replaces entries of the
+    table's configuration (``benchmarks/bench_markov.py --sweep``)."""
     rows = triton.next_power_of_2(num_reqs)
     if interpreted:
         bv = min(BV_INTERP, triton.next_power_of_2(vocab))
@@ -184,10 +193,10 @@ def _config(num_reqs: int, vocab: int, rank: int, interpreted: bool) -> dict:
         return dict(
             BV=bv, BK=bk, R_TILE=tile, R_EPI=min(rows, tile), USE_DOT=False, NATIVE_BF16=False
         )
-    tile = max(DOT_MIN_TILE, min(rows, DOT_MAX_TILE))
-    return dict(
-        BV=BV_GPU, BK=64, R_TILE=tile, R_EPI=min(rows, tile), USE_DOT=True, NATIVE_BF16=True
-    )
+    cfg = next(dict(c) for top, c in GPU_CONFIGS if rows <= top) | (over or {})
+    cfg["BK"] = min(cfg["BK"], rank & -rank)  # a power of 2 that divides the rank
+    cfg["R_TILE"] = tile = max(DOT_MIN_TILE, min(rows, cfg["R_TILE"]))
+    return dict(cfg, R_EPI=min(rows, tile), USE_DOT=True, NATIVE_BF16=True)
 
 
 def sample_sequential(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
@@ -238,6 +247,7 @@ def _launch(spec, num_reqs: int, base: torch.Tensor, w1: torch.Tensor, w2: torch
     buf = _scratch(spec, device, vocab)
     win = buf["win"]
     nb = triton.cdiv(vocab, cfg["BV"])
+    grid = (triton.cdiv(num_reqs, cfg["R_TILE"]), nb)
     keys, toks = buf.get("keys", [win, win]), buf.get("toks", [win, win])
     scr_stride = keys[0].stride(0)
     num_sample = num_reqs * n_spec
@@ -248,7 +258,7 @@ def _launch(spec, num_reqs: int, base: torch.Tensor, w1: torch.Tensor, w2: torch
         w1, w2, base, cache = (t.view(torch.int16) for t in (w1, w2, base, cache))
     tokens = spec.draft_tokens
     for step in range(n_spec):
-        K._markov_step_kernel[(nb,)](
+        K._markov_step_kernel[grid](
             spec.input_buffers.input_ids,
             spec._anchor_idx,
             w1,
@@ -281,7 +291,6 @@ def _launch(spec, num_reqs: int, base: torch.Tensor, w1: torch.Tensor, w2: torch
             GREEDY=greedy,
             USE_FP64=fp64,
             NB_CHUNK=NB_CHUNK,
-            num_warps=NUM_WARPS,
             **cfg,
         )
     r_tile = min(triton.next_power_of_2(num_reqs), 64)
