@@ -44,8 +44,9 @@ __all__ = ["sample_sequential"]
 # - 1 row: BV 128 103 us, BV 64 111, BV 256 (8 warps) 114; 8 rows: BV 128 120, BV 64 122.
 # - 32 rows, R_TILE 32: BV 64 198 us, BV 128 218. 64 rows: BV 64 334 us, BV 128 373, BV 64 with
 #   16-row tiles 389. 128 rows: 608 us, 16-row tiles 733. 256 rows: 1084 us; 16-row tiles 1423,
-#   8 warps 1433, BV 32 1323; 64-row tiles (BV 64 or 128) and 128-row tiles were slower still.
-# At 1 row, before odd steps ran backwards: 3 stages 122 us, 4 stages 121, BK 128 125, BK 32 143.
+#   8 warps 1433, BV 32 1323, each row's atomics spread over 8 winner slots 1158.
+# Before odd steps ran backwards: at 1 row 3 stages 122 us, 4 stages 121, BK 128 125, BK 32 143;
+# at 256 rows 32-row tiles 1138 us, 64-row tiles 1187 (BV 128, 8 warps: 1220), 128-row 1760.
 # An fp32 product sum in place of tl.dot was far slower (254 us at 1 row, 1523 us at 8); it
 # serves the interpreter only.
 GPU_CONFIGS = (
@@ -55,7 +56,7 @@ GPU_CONFIGS = (
 )
 DOT_MIN_TILE = 16
 # Under the interpreter every program costs Python time (about 0.1 s on a CI core): large
-# blocks, few programs (16 a step at 129280 tokens).
+# blocks, few programs (16 vocabulary blocks a step at 129280 tokens).
 BV_INTERP = 8192
 INTERP_MAX_TILE = 16
 # Rows a tile at least under the interpreter (a test sets 16 to run the GPU's padded fold).
