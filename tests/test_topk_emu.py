@@ -46,7 +46,7 @@ def emu(request, tmp_path_factory):
             self.name, self.pack = name, _launcher._packer(topk.KERNELS[name])
 
         def __call__(self, grid, block, stream, *args):
-            assert grid[2] == 1 and block == topk._BLOCK
+            assert grid[2] == 1 and block == topk.THREADS[self.name]
             packed = self.pack.pack(*args)
             rc = lib.dsv_emu_launch(self.name.encode(), grid[0], grid[1], block, packed)
             assert rc == 0, f"{self.name} is not in tests/emu/topk_emu.cpp"
@@ -113,6 +113,28 @@ def test_decode(emu, rows, width, ends, kind):
     ref.check_decode(x, 1, lens(ends), idx, f"wave{emu} {kind}")
 
 
+def test_decode_many_keys_above_the_floor(emu):
+    """The keys of the chunk's first threads (5200 of its 16384) are all large: the floor from
+    group maxima leaves over 4096 (LIST) keys above it, which are selected from the registers,
+    not the LDS list. Thread t holds the float4s t, t + threads, ... of the chunk."""
+    x = logits_of(1, 16384, "randn", seed=1)
+    threads = topk.THREADS["dsv_topk512_chunks"]
+    cols = torch.arange(16384)
+    x[0, (cols // 4) % threads < 5200 * threads // 16384 + 1] += 10.0
+    idx = out(1)
+    assert topk.decode_top_k(x, 1, lens([16384]), idx, 512)
+    ref.check_decode(x, 1, lens([16384]), idx, f"wave{emu} many above the floor")
+
+
+def test_decode_wide_merge(emu):
+    """Rows of more than 16 chunks merge in dsv_topk512_merge_wide."""
+    width = 16 * 16384 + 1000
+    x = logits_of(1, width, "specials", seed=2)
+    idx = out(1)
+    assert topk.decode_top_k(x, 1, lens([width - 3]), idx, 512)
+    ref.check_decode(x, 1, lens([width - 3]), idx, f"wave{emu} wide merge")
+
+
 def test_decode_general_path(emu):
     x = logits_of(1, 30001, "specials", seed=3, stride=30003)  # rows not 16-byte aligned
     idx = out(1)
@@ -138,6 +160,18 @@ def test_candidates(emu):
     idx = out(1)
     assert topk.candidate_top_k(x, 1, lens([131000]), cands, bs, idx, 512)
     ref.check_candidates(x, 1, lens([131000]), cands, bs, idx, f"wave{emu} candidates")
+
+
+def test_candidates_block_size_not_8(emu):
+    """Blocks of 4 columns take the general loads (column by column), not two float4."""
+    width, bs = 20000, 4
+    x = logits_of(1, width, "ties", seed=6)
+    g = torch.Generator().manual_seed(7)
+    cands = torch.randperm(width // bs, generator=g)[:2048].int().view(1, -1)
+    cands[0, :50] = -1
+    idx = out(1)
+    assert topk.candidate_top_k(x, 1, lens([19999]), cands, bs, idx, 512)
+    ref.check_candidates(x, 1, lens([19999]), cands, bs, idx, f"wave{emu} candidates bs 4")
 
 
 def test_compact(emu):

@@ -56,7 +56,7 @@ def test_decode_takes_and_launches_two_passes(calls):
 def test_decode_wide_rows(calls):
     logits, next_n, seq, idx = decode_inputs(rows=2, width=(1 << 20) - 8)
     assert topk.decode_top_k(logits, next_n, seq, idx, 512)
-    assert [c[0] for c in calls] == ["dsv_topk512_chunks", "dsv_topk512_merge"]
+    assert [c[0] for c in calls] == ["dsv_topk512_chunks", "dsv_topk512_merge_wide"]
     assert calls[0][1] == (64, 2, 1)
     # Over 1M logits: the general path, 8 blocks.
     assert topk.decode_top_k(torch.zeros(2, (1 << 20) + 4), next_n, seq, idx, 512)
@@ -153,9 +153,11 @@ def test_select_gating(calls):
     assert not topk.select_candidates(logits, 3, seq, 8, cands[:, ::2])
     assert calls == []
     assert topk.select_candidates(logits, 3, seq, 8, cands)
-    assert calls[0][0] == "dsv_select_blocks" and calls[0][3][4] == 3  # one length a request
+    assert [c[0] for c in calls] == ["dsv_block_scores", "dsv_select_blocks"]
+    assert calls[0][1] == (8, 6, 1) and calls[1][1] == (6, 1, 1)  # slices of 2048 blocks
+    assert calls[0][3][4] == 3  # one length a request
     assert topk.select_candidates(logits, 3, torch.full((6, 1), 9, dtype=torch.int32), 8, cands)
-    assert calls[1][3][4] == 1  # one length a row
+    assert calls[2][3][4] == 1  # one length a row
 
 
 def test_compact_gating(calls):

@@ -37,13 +37,16 @@ __all__ = [
 ]
 
 TOPK = 512
-# Pass 1 of the register path: a workgroup (1024 threads) holds a chunk of 16384 logits (16 a
-# thread), and the merge takes up to 64 chunks of 512 candidates a row: rows of up to 1M logits.
-# H200-measured (graph replay, 6x16k / 6x128k / 32x128k / 6x256k rows): 16384-logit chunks
-# 13.8 / 26.5 / 41.0 / 28.6 us; 8192-logit chunks 22.6 / 24.8 / 56.2 / 38.0 us. Workgroups of
-# 256 threads holding 64 logits each were 2.5-3.5x slower than either.
+# Pass 1 of the register path: a workgroup holds a chunk of 16384 logits, and the merge takes up
+# to 64 chunks of 512 candidates a row: rows of up to 1M logits. H200-measured (graph replay,
+# 6x16k / 6x128k / 32x128k / 6x256k rows), with 1024-thread workgroups: 16384-logit chunks
+# 13.8 / 26.5 / 41.0 / 28.6 us; 8192-logit chunks 22.6 / 24.8 / 56.2 / 38.0 us. (Threads a
+# workgroup: THREADS below, measured in hip/topk512.hip.)
 CHUNK = 16384
 MAX_CHUNKS = 64
+# Rows of up to MERGE_CHUNKS chunks merge in dsv_topk512_merge (256 threads), longer ones in
+# dsv_topk512_merge_wide (512 threads).
+MERGE_CHUNKS = 16
 # The general path's defaults, vLLM's in-tree gfx942 values: a row is split into one block for
 # every MIN_CHUNK live logits, up to MAX_BLOCKS blocks (222 us against 543 us for vLLM's kernel
 # over the 8 calls of a 128k step on MI325X; 16 blocks took 294 us).
@@ -52,21 +55,36 @@ MIN_CHUNK = 16384
 # Candidate top-k: at most 2048 blocks (LDS hash table) and 16384 columns (registers) a row.
 MAX_CANDIDATE_BLOCKS = 2048
 MAX_CANDIDATE_COLUMNS = CHUNK
-# Candidate selection keeps up to 32768 block scores of a row in registers (256k columns of 8).
+# Candidate selection keeps up to 32768 block scores of a row in registers (256k columns of 8);
+# dsv_block_scores writes them, SCORE_SLICE blocks a workgroup.
 MAX_SELECT_BLOCKS = 32768
+SCORE_SLICE = 2048
 
 # Kernel name -> C parameters (P pointer, q int64, i int32); checked against the code object's
 # argument metadata in tests/test_topk_build.py.
 _TOPK_SIG = "PqiPiiPqPPii"
+_SELECT_SIG = "PqiPiiPqiPi"
 KERNELS = {
     "dsv_topk512_chunks": _TOPK_SIG,
     "dsv_topk512_chunks_stream": _TOPK_SIG,
     "dsv_topk512_merge": _TOPK_SIG,
+    "dsv_topk512_merge_wide": _TOPK_SIG,
     "dsv_topk512_candidates": "PqiPiiPqPqii",
     "dsv_topk512_compact": "PqPqiPiiPq",
-    "dsv_select_blocks": "PqiPiiPqi",
+    "dsv_block_scores": _SELECT_SIG,
+    "dsv_select_blocks": _SELECT_SIG,
 }
-_BLOCK = 1024
+# Threads a workgroup of each kernel (its __launch_bounds__ in hip/topk512.hip).
+THREADS = {
+    "dsv_topk512_chunks": 512,
+    "dsv_topk512_chunks_stream": 1024,
+    "dsv_topk512_merge": 256,
+    "dsv_topk512_merge_wide": 512,
+    "dsv_topk512_candidates": 512,
+    "dsv_topk512_compact": 512,
+    "dsv_block_scores": 256,
+    "dsv_select_blocks": 512,
+}
 # The device type the hooks take (ROCm tensors are "cuda" tensors too); the CPU gating tests
 # set it to "cpu" together with fake kernels.
 _GPU_TYPE = "cuda"
@@ -198,9 +216,10 @@ def _launch_decode(kernels, logits, next_n, seq_lens, indices, register, max_blo
         min_chunk,
     )
     stream = _launcher.stream_handle(device)
-    kernels[first]((max_chunks, rows, 1), _BLOCK, stream, *args)
+    kernels[first]((max_chunks, rows, 1), THREADS[first], stream, *args)
     if max_chunks > 1:
-        kernels["dsv_topk512_merge"]((rows, 1, 1), _BLOCK, stream, *args)
+        merge = "dsv_topk512_merge" if max_chunks <= MERGE_CHUNKS else "dsv_topk512_merge_wide"
+        kernels[merge]((rows, 1, 1), THREADS[merge], stream, *args)
     return True
 
 
@@ -282,7 +301,7 @@ def candidate_top_k(logits, next_n, seq_lens, candidates, block_size, indices, t
     if rows:
         kernels["dsv_topk512_candidates"](
             (rows, 1, 1),
-            _BLOCK,
+            THREADS["dsv_topk512_candidates"],
             _launcher.stream_handle(logits.device.index),
             logits.data_ptr(),
             logits.stride(0),
@@ -331,7 +350,7 @@ def compact_top_k_512(logits, ids, seq_lens, next_n, indices) -> bool:
     if rows:
         kernels["dsv_topk512_compact"](
             (rows, 1, 1),
-            _BLOCK,
+            THREADS["dsv_topk512_compact"],
             _launcher.stream_handle(logits.device.index),
             logits.data_ptr(),
             logits.stride(0),
@@ -348,14 +367,16 @@ def compact_top_k_512(logits, ids, seq_lens, next_n, indices) -> bool:
 
 
 def select_candidates(logits, next_n, seq_lens, block_size, candidates) -> bool:
-    """Layer 20: one launch writes each row's candidate blocks, the same set of block ids as
+    """Layer 20: writes each row's candidate blocks, the same set of block ids as
     vLLM's ``_select_candidate_blocks`` in any order (ties at the cut aside): block b scores
     the NaN-propagating max of the row's columns ``[b * block_size, ...)`` below
     ``min(end, width)``, the newest block ``(end - 1) // block_size`` is pinned to +inf, the
     ``candidates.shape[1]`` best are kept, -1 for blocks scoring -inf and for the rest. Row
     ends as vLLM's candidate code takes them: ``seq_lens.reshape(-1)``, repeated ``next_n``
     times when it holds one length a request (every draft row uses the request's length).
-    False, having written nothing, for a call it cannot take."""
+    Two launches: block scores of row slices (many workgroups, so that many SMs read a row)
+    into persistent scratch, then each row's top blocks. False, having written nothing, for a
+    call it cannot take (also when the scratch would have to grow inside graph capture)."""
     if not (isinstance(logits, torch.Tensor) and _is_logits(logits)):
         return False
     rows, width = logits.shape
@@ -386,10 +407,11 @@ def select_candidates(logits, next_n, seq_lens, block_size, candidates) -> bool:
     if kernels is None:
         return False
     if rows:
-        kernels["dsv_select_blocks"](
-            (rows, 1, 1),
-            _BLOCK,
-            _launcher.stream_handle(logits.device.index),
+        nbw = -(-width // block_size)
+        scores = _scratch.get(logits.device.index, rows * nbw)
+        if scores is None:
+            return False
+        args = (
             logits.data_ptr(),
             logits.stride(0),
             width,
@@ -399,7 +421,14 @@ def select_candidates(logits, next_n, seq_lens, block_size, candidates) -> bool:
             candidates.data_ptr(),
             candidates.stride(0),
             candidates.shape[1],
+            scores.data_ptr(),
+            nbw,
         )
+        stream = _launcher.stream_handle(logits.device.index)
+        kernels["dsv_block_scores"](
+            (-(-nbw // SCORE_SLICE), rows, 1), THREADS["dsv_block_scores"], stream, *args
+        )
+        kernels["dsv_select_blocks"]((rows, 1, 1), THREADS["dsv_select_blocks"], stream, *args)
     return True
 
 
