@@ -27,8 +27,7 @@
 //   dsv_topk512_merge / _wide      pass 2: each row's chunk candidates down to 512
 //   dsv_topk512_candidates         top-512 over the columns of a row's candidate blocks
 //   dsv_topk512_compact            top-512 over a compact row of (logit, column id)
-//   dsv_block_scores               layer 20, pass 1: block scores of row slices to scratch
-//   dsv_select_blocks              layer 20, pass 2: each row's top-K blocks from the scores
+//   dsv_select_blocks              layer 20's candidate blocks (block max, top-K blocks)
 // Row ends are read on the device, so a CUDA graph captured once is right at every replay.
 #include "portability.h"
 
@@ -42,17 +41,18 @@ constexpr uint32_t KEY_POS_INF = 0xff800000u;
 // Workgroup shapes: threads, keys a thread (ITEMS), keys a maximum of the floor pass (GROUP:
 // 16384 keys in groups of 8 give 2048 maxima, at least the 512 that a floor needs, and 4x that
 // for a floor close to the 512th key). H200-measured, graph replay, decode 6x16k / 6x128k /
-// 32x128k / 32x1M dense (us): 512 x 32 keys 12.2 / 25.8 / 38.6 / 205; 256 x 64 13.0 / 29.1 /
+// 32x128k / 32x1M dense (us), with this code: 512 x 32 keys 12.1 / 21.5 / 33.9 / 201 (the
+// previous engine, 1024 x 16: 13.4 / 26.9 / 41.1 / 237). On an earlier build (list loops
+// unrolled, merge reading ids late): 512 x 32 12.2 / 25.8 / 38.6 / 205; 256 x 64 13.0 / 29.1 /
 // 34.5 / 182 (on sm_90 ptxas holds it to 128 registers and spills); 1024 x 16 13.1 / 29.7 /
-// 43.6 / 225. The per-warp work is a long serial chain (latency and instruction-fetch stalls,
-// Nsight Compute), so neither fewer warps nor more warps a workgroup helps much.
+// 43.6 / 225. The per-warp work is a long serial chain (latency and instruction-fetch stalls),
+// so neither fewer nor more warps a workgroup changes much.
 constexpr int CHUNK = 16384;  // logits a workgroup of dsv_topk512_chunks holds
 constexpr int CHUNK_THREADS = 512, CHUNK_GROUP = 8;
 constexpr int MERGE_THREADS = 256, MERGE_ITEMS = 32, MERGE_GROUP = 4;  // <= 16 chunks a row
 constexpr int WIDE_THREADS = 512, WIDE_ITEMS = 64, WIDE_GROUP = 16;   // <= 64 chunks (1M)
 constexpr int STREAM_THREADS = 1024;
-constexpr int SELECT_THREADS = 512, SELECT_ITEMS = 64, SELECT_GROUP = 4;  // <= 32768 blocks
-constexpr int SCORE_THREADS = 256, SCORE_ITEMS = 8;  // blocks a thread of dsv_block_scores
+constexpr int SELECT_THREADS = 1024, SELECT_ITEMS = 32, SELECT_GROUP = 4;  // <= 32768 blocks
 constexpr int CAND_THREADS = 512, CAND_ITEMS = 32, CAND_GROUP = 8;  // 16384 columns, 2048 blocks
 constexpr int COMPACT_THREADS = 512, COMPACT_GROUP = 8;
 
@@ -576,17 +576,17 @@ __device__ __forceinline__ void merge(Sel<BLOCK>& s, TOPK_ARGS) {
 // Rows of up to 16 chunks (256k logits).
 DSV_KERNEL(MERGE_THREADS) dsv_topk512_merge(TOPK_ARGS) {
   __shared__ Sel<MERGE_THREADS> s;
-  merge<MERGE_THREADS, MERGE_ITEMS, MERGE_GROUP, true>(s, logits, row_stride, width, seq_lens, causal,
-                                                 next_n, indices, idx_stride, cand_keys,
-                                                 cand_ids, max_chunks, min_chunk);
+  merge<MERGE_THREADS, MERGE_ITEMS, MERGE_GROUP, true>(s, logits, row_stride, width, seq_lens,
+                                                       causal, next_n, indices, idx_stride,
+                                                       cand_keys, cand_ids, max_chunks, min_chunk);
 }
 
 // Rows of up to 64 chunks (1M logits).
 DSV_KERNEL(WIDE_THREADS) dsv_topk512_merge_wide(TOPK_ARGS) {
   __shared__ Sel<WIDE_THREADS> s;
-  merge<WIDE_THREADS, WIDE_ITEMS, WIDE_GROUP, false>(s, logits, row_stride, width, seq_lens, causal,
-                                              next_n, indices, idx_stride, cand_keys, cand_ids,
-                                              max_chunks, min_chunk);
+  merge<WIDE_THREADS, WIDE_ITEMS, WIDE_GROUP, false>(s, logits, row_stride, width, seq_lens,
+                                                     causal, next_n, indices, idx_stride,
+                                                     cand_keys, cand_ids, max_chunks, min_chunk);
 }
 
 // --------------------------------------------------------------- candidate top-512 (24-36)
@@ -734,13 +734,6 @@ DSV_KERNEL(COMPACT_THREADS) dsv_topk512_compact(const float* logits, long long r
 }
 
 // ------------------------------------------------------- candidate blocks (layer 20)
-// Both kernels take the same arguments: scores is a row-major [rows, nbw] scratch of block
-// keys, nbw = ceil(width / bs). end = seq_lens[r / rep] (each draft row of a request uses the
-// request's length).
-#define SELECT_ARGS                                                                       \
-  const float *logits, long long row_stride, int width, const int32_t *seq_lens, int rep, \
-      int bs, int32_t *cands, long long cand_stride, int K, uint32_t *scores, int nbw
-
 // The greatest key of columns [c0, c1): out of line, so that the unrolled loop that scores
 // the common 8-column blocks with two float4 loads stays small.
 __device__ __noinline__ uint32_t block_score(const float* row, int c0, int c1) {
@@ -749,56 +742,47 @@ __device__ __noinline__ uint32_t block_score(const float* row, int c0, int c1) {
   return m;
 }
 
-// Pass 1, grid (ceil(nbw / (SCORE_THREADS * SCORE_ITEMS)), rows): block b of row r scores the
+// Grid (rows). vLLM's _select_candidate_blocks in one launch: block b of row r scores the
 // NaN-propagating max of its columns below min(end, width); the newest block (end - 1) / bs is
-// pinned to +inf; a block scoring -inf or past the end gets key 0 (no candidate). Slices of a
-// row go to many workgroups: one workgroup alone reads a 128k row at about a fifth of the
-// speed (H200).
-DSV_KERNEL(SCORE_THREADS) dsv_block_scores(SELECT_ARGS) {
-  const int r = blockIdx.y, t = threadIdx.x;
+// pinned to +inf; the K best blocks whose score is not -inf are written (any order), then -1.
+// end = seq_lens[r / rep] (each draft row of a request uses the request's length). Rows of at
+// most 32768 blocks. Scoring row slices on many workgroups into scratch and selecting in a
+// second launch was slower (6 x 128k, K 2048, H200: 36.2 us, against 31.0 us for this kernel
+// on the previous top-K engine): the K = 2048 select by one workgroup is most of the time.
+DSV_KERNEL(SELECT_THREADS) dsv_select_blocks(const float* logits, long long row_stride, int width,
+                                             const int32_t* seq_lens, int rep, int bs,
+                                             int32_t* cands, long long cand_stride, int K) {
+  constexpr int BLOCK = SELECT_THREADS;
+  __shared__ Sel<BLOCK> s;
+  const int r = blockIdx.x, t = threadIdx.x;
   const int end = max(seq_lens[r / rep], 0);
   const int col_end = min(end, width);
   const int nb = (col_end + bs - 1) / bs;
   const int newest = end > 0 ? (end - 1) / bs : -1;
   const float* row = logits + r * row_stride;
   const bool vec = bs == 8 && width >= 8 && ((reinterpret_cast<uintptr_t>(row) & 15) == 0);
-  uint32_t* out = scores + (size_t)r * nbw;
-#pragma unroll
-  for (int i = 0; i < SCORE_ITEMS; ++i) {
-    const int b = (blockIdx.x * SCORE_ITEMS + i) * SCORE_THREADS + t;
-    const int c0 = b * bs;
-    uint32_t m = 0;
-    if (vec && c0 + 8 <= col_end) {
-      const float4* p = reinterpret_cast<const float4*>(row + c0);
-      const float4 x = p[0], y = p[1];
-      m = max(max(max(order_key(x.x), order_key(x.y)), max(order_key(x.z), order_key(x.w))),
-              max(max(order_key(y.x), order_key(y.y)), max(order_key(y.z), order_key(y.w))));
-    } else if (b < nb) {
-      m = block_score(row, c0, min(c0 + bs, col_end));
-    }
-    if (b == newest && b < nb) m = KEY_POS_INF;  // pinned, as vLLM does, even over NaN
-    if (m <= 0x007fffffu) m = 0;                 // a -inf score is no candidate
-    if (b < nbw) out[b] = m;
-  }
-}
-
-// Pass 2, grid (rows): vLLM's _select_candidate_blocks's choice: the K best blocks whose score
-// is not -inf are written (any order), then -1. Rows of at most 32768 blocks.
-DSV_KERNEL(SELECT_THREADS) dsv_select_blocks(SELECT_ARGS) {
-  constexpr int BLOCK = SELECT_THREADS;
-  __shared__ Sel<BLOCK> s;
-  const int r = blockIdx.x, t = threadIdx.x;
-  const int end = max(seq_lens[r / rep], 0);
-  const int nb = (min(end, width) + bs - 1) / bs;
-  const uint32_t* in = scores + (size_t)r * nbw;
   select_prologue(s);
   RegKeys<SELECT_ITEMS, SELECT_GROUP> keys;
   keys.used = (nb + BLOCK - 1) / BLOCK;
 #pragma unroll
   for (int s2 = 0; s2 < SELECT_ITEMS; ++s2) {
     const int b = s2 * BLOCK + t;
-    keys.k[s2] = 0u;
-    if (s2 < keys.used) keys.k[s2] = b < nb ? in[b] : 0u;
+    const int c0 = b * bs;
+    uint32_t m = 0;
+    if (s2 < keys.used) {
+      if (vec && c0 + 8 <= col_end) {
+        const float4* p = reinterpret_cast<const float4*>(row + c0);
+        const float4 x = p[0], y = p[1];
+        m = max(max(max(order_key(x.x), order_key(x.y)), max(order_key(x.z), order_key(x.w))),
+                max(max(order_key(y.x), order_key(y.y)), max(order_key(y.z), order_key(y.w))));
+      } else if (b < nb) {
+        m = block_score(row, c0, min(c0 + bs, col_end));
+      }
+      if (b >= nb) m = 0;
+      if (b == newest && b < nb) m = KEY_POS_INF;  // pinned, as vLLM does, even over NaN
+      if (m <= 0x007fffffu) m = 0;                 // a -inf score is no candidate
+    }
+    keys.k[s2] = m;
   }
   int32_t* out_row = cands + r * cand_stride;
   const uint32_t total = top_k(

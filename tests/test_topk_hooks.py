@@ -153,11 +153,9 @@ def test_select_gating(calls):
     assert not topk.select_candidates(logits, 3, seq, 8, cands[:, ::2])
     assert calls == []
     assert topk.select_candidates(logits, 3, seq, 8, cands)
-    assert [c[0] for c in calls] == ["dsv_block_scores", "dsv_select_blocks"]
-    assert calls[0][1] == (8, 6, 1) and calls[1][1] == (6, 1, 1)  # slices of 2048 blocks
-    assert calls[0][3][4] == 3  # one length a request
+    assert calls[0][0] == "dsv_select_blocks" and calls[0][3][4] == 3  # one length a request
     assert topk.select_candidates(logits, 3, torch.full((6, 1), 9, dtype=torch.int32), 8, cands)
-    assert calls[2][3][4] == 1  # one length a row
+    assert calls[1][3][4] == 1  # one length a row
 
 
 def test_compact_gating(calls):

@@ -53,7 +53,6 @@ extern "C" int dsv_emu_launch(const char* name, unsigned gx, unsigned gy, unsign
   DSV_EMU_KERNEL(dsv_topk512_merge_wide)
   DSV_EMU_KERNEL(dsv_topk512_candidates)
   DSV_EMU_KERNEL(dsv_topk512_compact)
-  DSV_EMU_KERNEL(dsv_block_scores)
   DSV_EMU_KERNEL(dsv_select_blocks)
   return -1;
 }

@@ -55,15 +55,12 @@ MIN_CHUNK = 16384
 # Candidate top-k: at most 2048 blocks (LDS hash table) and 16384 columns (registers) a row.
 MAX_CANDIDATE_BLOCKS = 2048
 MAX_CANDIDATE_COLUMNS = CHUNK
-# Candidate selection keeps up to 32768 block scores of a row in registers (256k columns of 8);
-# dsv_block_scores writes them, SCORE_SLICE blocks a workgroup.
+# Candidate selection keeps up to 32768 block scores of a row in registers (256k columns of 8).
 MAX_SELECT_BLOCKS = 32768
-SCORE_SLICE = 2048
 
 # Kernel name -> C parameters (P pointer, q int64, i int32); checked against the code object's
 # argument metadata in tests/test_topk_build.py.
 _TOPK_SIG = "PqiPiiPqPPii"
-_SELECT_SIG = "PqiPiiPqiPi"
 KERNELS = {
     "dsv_topk512_chunks": _TOPK_SIG,
     "dsv_topk512_chunks_stream": _TOPK_SIG,
@@ -71,8 +68,7 @@ KERNELS = {
     "dsv_topk512_merge_wide": _TOPK_SIG,
     "dsv_topk512_candidates": "PqiPiiPqPqii",
     "dsv_topk512_compact": "PqPqiPiiPq",
-    "dsv_block_scores": _SELECT_SIG,
-    "dsv_select_blocks": _SELECT_SIG,
+    "dsv_select_blocks": "PqiPiiPqi",
 }
 # Threads a workgroup of each kernel (its __launch_bounds__ in hip/topk512.hip).
 THREADS = {
@@ -82,8 +78,7 @@ THREADS = {
     "dsv_topk512_merge_wide": 512,
     "dsv_topk512_candidates": 512,
     "dsv_topk512_compact": 512,
-    "dsv_block_scores": 256,
-    "dsv_select_blocks": 512,
+    "dsv_select_blocks": 1024,
 }
 # The device type the hooks take (ROCm tensors are "cuda" tensors too); the CPU gating tests
 # set it to "cpu" together with fake kernels.
@@ -367,16 +362,14 @@ def compact_top_k_512(logits, ids, seq_lens, next_n, indices) -> bool:
 
 
 def select_candidates(logits, next_n, seq_lens, block_size, candidates) -> bool:
-    """Layer 20: writes each row's candidate blocks, the same set of block ids as
+    """Layer 20: one launch writes each row's candidate blocks, the same set of block ids as
     vLLM's ``_select_candidate_blocks`` in any order (ties at the cut aside): block b scores
     the NaN-propagating max of the row's columns ``[b * block_size, ...)`` below
     ``min(end, width)``, the newest block ``(end - 1) // block_size`` is pinned to +inf, the
     ``candidates.shape[1]`` best are kept, -1 for blocks scoring -inf and for the rest. Row
     ends as vLLM's candidate code takes them: ``seq_lens.reshape(-1)``, repeated ``next_n``
     times when it holds one length a request (every draft row uses the request's length).
-    Two launches: block scores of row slices (many workgroups, so that many SMs read a row)
-    into persistent scratch, then each row's top blocks. False, having written nothing, for a
-    call it cannot take (also when the scratch would have to grow inside graph capture)."""
+    False, having written nothing, for a call it cannot take."""
     if not (isinstance(logits, torch.Tensor) and _is_logits(logits)):
         return False
     rows, width = logits.shape
@@ -407,11 +400,10 @@ def select_candidates(logits, next_n, seq_lens, block_size, candidates) -> bool:
     if kernels is None:
         return False
     if rows:
-        nbw = -(-width // block_size)
-        scores = _scratch.get(logits.device.index, rows * nbw)
-        if scores is None:
-            return False
-        args = (
+        kernels["dsv_select_blocks"](
+            (rows, 1, 1),
+            THREADS["dsv_select_blocks"],
+            _launcher.stream_handle(logits.device.index),
             logits.data_ptr(),
             logits.stride(0),
             width,
@@ -421,14 +413,7 @@ def select_candidates(logits, next_n, seq_lens, block_size, candidates) -> bool:
             candidates.data_ptr(),
             candidates.stride(0),
             candidates.shape[1],
-            scores.data_ptr(),
-            nbw,
         )
-        stream = _launcher.stream_handle(logits.device.index)
-        kernels["dsv_block_scores"](
-            (-(-nbw // SCORE_SLICE), rows, 1), THREADS["dsv_block_scores"], stream, *args
-        )
-        kernels["dsv_select_blocks"]((rows, 1, 1), THREADS["dsv_select_blocks"], stream, *args)
     return True
 
 
