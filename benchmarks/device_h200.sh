@@ -26,6 +26,8 @@ prepare() {
     --implementation cp -d "$CARRY/vwhl" $(for n in 17 24 26 27 28 31; do
       echo --platform "manylinux_2_${n}_x86_64"; done) --platform manylinux2014_x86_64 \
     --platform manylinux1_x86_64 $WHEELS
+  # One wheel a project: several platform tags can bring two, and pip refuses to install both.
+  ls "$CARRY"/vwhl/*.whl | sort | awk -F/ '{split($NF, p, "-"); if (seen[p[1]]++) print}' | xargs -r rm
   cat > "$CARRY/site/sitecustomize.py" <<'PY'
 import vllm.platforms as P
 from vllm.platforms.interface import UnspecifiedPlatform
