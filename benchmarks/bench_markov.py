@@ -158,11 +158,10 @@ def main() -> None:
 
 # Launch configurations tried by --sweep, each over the module's configuration for the rows.
 SWEEP = [
-    dict(BV=64, R_TILE=16),
-    dict(BV=64, R_TILE=32),
-    dict(BV=128, R_TILE=16),
-    dict(BV=128, R_TILE=32),
-    dict(BV=256, R_TILE=16, num_warps=8),
+    dict(BK=64),
+    dict(BK=32, num_stages=2),
+    dict(BK=32, num_stages=4),
+    dict(BV=128, BK=32),
 ]
 
 

@@ -11,8 +11,8 @@ row; the next step's programs read the previous token from those keys. One small
 the last step's tokens. It serves greedy and probabilistic drafts, fp32 and fp64 noise, any batch
 up to the speculator's ``max_num_reqs``, and runs inside vLLM's CUDA graph of the draft step.
 On an H200 it beats vLLM's loop at every batch measured (``benchmarks/bench_markov.py``, graphed,
-5 steps: 1.81x at 1 row, 1.61x at 64, 1.34x at 256, 1.28x at 512), so no batch size sends a step
-back to the loop.
+5 steps: 1.81x at 1 row, 1.67x at 64, 1.43x at 256), so no batch size sends a step back to the
+loop.
 
 Tokens equal vLLM's wherever the step's logits are bit-equal; a bias may differ from vLLM's in
 its last bf16 bit (another summation order of the same exact products), which changes only which
@@ -46,6 +46,9 @@ __all__ = ["sample_sequential"]
 # - 32 rows, R_TILE 32: BV 64 198 us, BV 128 218. 64 rows: BV 64 334 us, BV 128 373, BV 64 with
 #   16-row tiles 389. 128 rows: 608 us, 16-row tiles 733. 256 rows: 1084 us; 16-row tiles 1423,
 #   8 warps 1433, BV 32 1323, each row's atomics spread over 8 winner slots 1158.
+# - Above 32 rows, BK 32 with 4 stages (one run, `bench_markov.py --sweep 32,64,128,256`): 64 rows
+#   300 us (BK 64: 310), 128 rows 532 (564), 256 rows 1011 (1073); at 32 rows 200 (BK 64: 192);
+#   BK 32 with 2 stages 226 / 362 / 635 / 1177, BV 128 with BK 32 213 / 353 / 639 / 1239.
 # Before odd steps ran backwards: at 1 row 3 stages 122 us, 4 stages 121, BK 128 125, BK 32 143;
 # at 256 rows 32-row tiles 1138 us, 64-row tiles 1187 (BV 128, 8 warps: 1220), 128-row 1760.
 # An fp32 product sum in place of tl.dot was far slower (254 us at 1 row, 1523 us at 8); it
@@ -53,7 +56,8 @@ __all__ = ["sample_sequential"]
 GPU_CONFIGS = (
     (8, dict(BV=128, BK=64, R_TILE=16, num_warps=4, num_stages=3)),
     (16, dict(BV=64, BK=64, R_TILE=16, num_warps=4, num_stages=3)),
-    (1 << 30, dict(BV=64, BK=64, R_TILE=32, num_warps=4, num_stages=3)),
+    (32, dict(BV=64, BK=64, R_TILE=32, num_warps=4, num_stages=3)),
+    (1 << 30, dict(BV=64, BK=32, R_TILE=32, num_warps=4, num_stages=4)),
 )
 DOT_MIN_TILE = 16
 # Under the interpreter every program costs Python time (about 0.1 s on a CI core): large
