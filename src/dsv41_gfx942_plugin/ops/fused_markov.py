@@ -49,6 +49,10 @@ __all__ = ["sample_sequential"]
 # - Above 32 rows, BK 32 with 4 stages (one run, `bench_markov.py --sweep 32,64,128,256`): 64 rows
 #   300 us (BK 64: 310), 128 rows 532 (564), 256 rows 1011 (1073); at 32 rows 200 (BK 64: 192);
 #   BK 32 with 2 stages 226 / 362 / 635 / 1177, BV 128 with BK 32 213 / 353 / 639 / 1239.
+# - Several row tiles a program, one after another (so the later tiles find the block of
+#   markov_w2 in L1, not L2), with BK 32 / 4 stages: 64 / 128 / 256 rows 389 / 656 / 1223 us with
+#   2 tiles, 401 / 748 / 1357 with 4, 406 / 757 / 1520 with 8, against 305 / 532 / 1014 with one:
+#   the programs' parallelism matters more than the L2 traffic it saves.
 # Before odd steps ran backwards: at 1 row 3 stages 122 us, 4 stages 121, BK 128 125, BK 32 143;
 # at 256 rows 32-row tiles 1138 us, 64-row tiles 1187 (BV 128, 8 warps: 1220), 128-row 1760.
 # An fp32 product sum in place of tl.dot was far slower (254 us at 1 row, 1523 us at 8); it
