@@ -79,7 +79,9 @@ def test_resources(metadata, name):
     assert k[".sgpr_spill_count"] <= 64, "SGPR spills grew"
     assert k[".private_segment_fixed_size"] == 0, "uses scratch memory"
     assert k[".group_segment_fixed_size"] <= 64 * 1024, "LDS over 64 KiB"
-    assert k[".max_flat_workgroup_size"] >= topk.THREADS[name]  # the launcher's workgroup size
+    # Each kernel is written for exactly its __launch_bounds__ threads (its BLOCK): the launcher
+    # must launch that many, no fewer.
+    assert k[".max_flat_workgroup_size"] == topk.THREADS[name]
 
 
 @pytest.mark.parametrize("name", sorted(topk.KERNELS))
