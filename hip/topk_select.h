@@ -1,0 +1,389 @@
+// The selection core of hip/topk512.hip's kernels (top-512 for DeepSeek-V4.1's sparse indexer).
+//
+// Every kernel ranks fp32 logits by an order-preserving uint32 key (order_key): NaN above +inf,
+// as torch.topk ranks them, and key 0 for "no entry" (past a row's end, a -1 candidate). A
+// workgroup holds its keys in registers and takes its k largest (top_k):
+//  1. a floor from one histogram pass over the maxima of groups of G keys of a thread (at
+//     least k maxima, so at least k keys, are >= it; most keys are below it);
+//  2. the keys above the floor, with their column ids, are copied to an LDS list (when at most
+//     LIST of them, as in every random, masked or tied row measured), where a range radix
+//     select (8 bits a pass, over the range of the listed keys) finds the exact cut and the
+//     taken entries are written from the list. Only rows with more than LIST keys above the
+//     floor select and write from the registers.
+// Positions come from prefix sums (no atomics). Histogram counts are aggregated per wave: the
+// lanes that share the wave's first one or two digits add with one LDS atomic, so rows of
+// equal values (-inf, masked logits) cost no more than others; when at least k keys equal the
+// floor (all -inf, ties) no histogram of the keys is needed.
+//
+// Where a workgroup's time goes (H200, Nsight Compute and clock64 stamps, a 16k chunk held by
+// 256 threads x 64 keys): each warp runs one long serial chain, about 3800 instructions at 11
+// cycles each, 38% of the stalls waiting for instructions (unrolled code runs once, so its
+// cache lines are cold when reached); phases in cycles: loads 7.4k, floor 4.4k, count and
+// copy above the floor 4.5k, radix select of the list 6.6k, writing 6k. Hence loops over the
+// LDS list are rolled, ids of taken keys are read ahead, and the workgroup shapes in
+// hip/topk512.hip were measured.
+#pragma once
+
+#include "portability.h"
+
+constexpr int TOPK = 512;
+constexpr int DIGIT = 8;                // bits a radix pass resolves at most
+constexpr int HIST = 1 << DIGIT;        // bins of a radix pass
+constexpr int LIST = 4096;              // keys above the floor that top_k copies to LDS
+
+__device__ __forceinline__ uint32_t order_key(float f) {
+  const uint32_t u = __float_as_uint(f) & ~(f == 0.f ? 0x80000000u : 0u);  // -0 ranks as +0
+  const uint32_t k = u ^ ((uint32_t)((int32_t)u >> 31) | 0x80000000u);   // -inf -> 0x007fffff
+  return f != f ? 0xffffffffu : k;  // every NaN ranks above +inf; no key is 0
+}
+
+template <int BLOCK>
+struct Sel {
+  static constexpr int NWAVES = BLOCK / DSV_WAVE;
+  uint32_t hist[2][HIST];  // ping-pong: one pass counts into one while the other is cleared
+  uint32_t key[LIST];      // keys above top_k's floor, when few enough
+  int32_t id[LIST];        // and their column ids
+  uint32_t part[2][4][NWAVES];
+  uint32_t res[2][3];
+  uint32_t relay[2][2];  // a second pass's thresholds, see relayed()
+};
+
+// The cut a select found: take every key > gt, and the first need_eq keys == eq; `total`
+// entries in all (k, or every valid entry when a row holds fewer).
+struct Cut {
+  uint32_t gt, eq, need_eq, total;
+};
+
+__device__ __forceinline__ uint32_t wave_scan(uint32_t x) {  // inclusive
+  const int lane = dsv_lane();
+#pragma unroll
+  for (int d = 1; d < DSV_WAVE; d <<= 1) {
+    const uint32_t y = dsv_shfl_up(x, d);
+    if (lane >= d) x += y;
+  }
+  return x;
+}
+
+// Exclusive prefix sums over the workgroup's threads of a and b, and their totals, with one
+// barrier: every wave redoes the (short) scan of the wave totals. Consecutive calls of
+// block_scan / block_reduce alternate `ph`'s parity, so that no barrier is needed after the
+// reads; each call advances it.
+template <int BLOCK>
+__device__ __forceinline__ void block_scan(Sel<BLOCK>& s, int& ph, uint32_t& a, uint32_t& b,
+                                           uint32_t& ta, uint32_t& tb) {
+  constexpr int NW = Sel<BLOCK>::NWAVES;
+  const int buf = ph++ & 1;
+  const int lane = dsv_lane(), w = dsv_wave();
+  const uint32_t xa = wave_scan(a), xb = wave_scan(b);
+  if (lane == DSV_WAVE - 1) {
+    s.part[buf][0][w] = xa;
+    s.part[buf][1][w] = xb;
+  }
+  __syncthreads();
+  const uint32_t pa = wave_scan(lane < NW ? s.part[buf][0][lane] : 0u);
+  const uint32_t pb = wave_scan(lane < NW ? s.part[buf][1][lane] : 0u);
+  ta = dsv_shfl(pa, NW - 1);
+  tb = dsv_shfl(pb, NW - 1);
+  const uint32_t ba = dsv_shfl(pa, w > 0 ? w - 1 : 0), bb = dsv_shfl(pb, w > 0 ? w - 1 : 0);
+  a = (w > 0 ? ba : 0u) + xa - a;
+  b = (w > 0 ? bb : 0u) + xb - b;
+}
+
+__device__ __forceinline__ void wave_reduce(uint32_t& a, uint32_t& b, uint32_t& c, uint32_t& d) {
+#pragma unroll
+  for (int m = DSV_WAVE / 2; m > 0; m >>= 1) {
+    a += dsv_shfl_xor(a, m);
+    b += dsv_shfl_xor(b, m);
+    c = max(c, dsv_shfl_xor(c, m));
+    d = min(d, dsv_shfl_xor(d, m));
+  }
+}
+
+// Workgroup sums of a and b, max of c, min of d, in every thread, with one barrier.
+template <int BLOCK>
+__device__ __forceinline__ void block_reduce(Sel<BLOCK>& s, int& ph, uint32_t& a, uint32_t& b,
+                                             uint32_t& c, uint32_t& d) {
+  constexpr int NW = Sel<BLOCK>::NWAVES;
+  const int buf = ph++ & 1;
+  wave_reduce(a, b, c, d);
+  const int lane = dsv_lane(), w = dsv_wave();
+  if (lane == 0) {
+    s.part[buf][0][w] = a;
+    s.part[buf][1][w] = b;
+    s.part[buf][2][w] = c;
+    s.part[buf][3][w] = d;
+  }
+  __syncthreads();
+  a = lane < NW ? s.part[buf][0][lane] : 0u;
+  b = lane < NW ? s.part[buf][1][lane] : 0u;
+  c = lane < NW ? s.part[buf][2][lane] : 0u;
+  d = lane < NW ? s.part[buf][3][lane] : 0xffffffffu;
+  wave_reduce(a, b, c, d);
+}
+
+// Adds one wave's active digits to hist. The lanes holding the first active lane's digit add
+// with one atomic, then those holding the next remaining digit; the rest add one each. A wave
+// of equal keys therefore costs one atomic, not 64 on one LDS address.
+__device__ __forceinline__ void count_digit(uint32_t* hist, bool active, uint32_t digit) {
+  const lanemask_t m = dsv_ballot(active);
+  if (m == 0) return;
+  const int lead = dsv_ffs(m) - 1;
+  const uint32_t hot = dsv_shfl(digit, lead);
+  const bool is_hot = active && digit == hot;
+  const lanemask_t mh = dsv_ballot(is_hot);
+  if (dsv_lane() == lead) atomicAdd(&hist[hot], (uint32_t)dsv_popc(mh));
+  bool rest = active && !is_hot;
+  const lanemask_t mr = dsv_ballot(rest);
+  if (mr == 0) return;
+  const int lead2 = dsv_ffs(mr) - 1;
+  const uint32_t hot2 = dsv_shfl(digit, lead2);
+  const bool is_hot2 = rest && digit == hot2;
+  const lanemask_t mh2 = dsv_ballot(is_hot2);
+  if (dsv_lane() == lead2) atomicAdd(&hist[hot2], (uint32_t)dsv_popc(mh2));
+  if (rest && !is_hot2) atomicAdd(&hist[digit], 1u);
+}
+
+// Keys held in registers: N a thread, `used` of them (uniform across the workgroup); the floor
+// pass takes the maximum of each group of G consecutive slots.
+template <int N, int G>
+struct RegKeys {
+  static constexpr int GROUPS = N / G;
+  static __device__ __forceinline__ int group(int slot) { return slot / G; }
+  uint32_t k[N];
+  int used;
+  template <class F>
+  __device__ __forceinline__ void each(F f) {
+    // A guard, not a break: a loop that can exit early is fully unrolled by LLVM only up to 8
+    // trips, and a rolled loop would index k[] dynamically (scratch memory).
+#pragma unroll
+    for (int g = 0; g < N; g += 4) {
+      if (g < used) {
+#pragma unroll
+        for (int s = g; s < g + 4 && s < N; ++s) f(k[s], s);
+      }
+    }
+  }
+};
+
+// Keys read from memory at each pass (rows too long for registers): columns [lo, hi); one
+// maximum a thread.
+template <int BLOCK>
+struct StreamKeys {
+  static constexpr int GROUPS = 1;
+  static __device__ __forceinline__ int group(int) { return 0; }
+  const float* row;
+  int lo, hi;
+  template <class F>
+  __device__ __forceinline__ void each(F f) {
+    for (int s = 0; lo + s * BLOCK < hi; ++s) {
+      const int c = lo + s * BLOCK + (int)threadIdx.x;
+      f(c < hi ? order_key(row[c]) : 0u, s);
+    }
+  }
+};
+
+// Keys of the LDS list (top_k's keys above its floor): entry s * BLOCK + thread is slot s. A
+// rolled loop: its body, run a few times, stays in the instruction cache, where unrolled
+// copies of it would each be fetched once (instruction-fetch stalls were 38% of a chunk's
+// warp stalls, H200 Nsight Compute).
+template <int BLOCK>
+struct ListKeys {
+  const uint32_t* list;
+  int n;
+  template <class F>
+  __device__ __forceinline__ void each(F f) {
+#pragma unroll 1
+    for (int s = 0; s * BLOCK < n; ++s) {
+      const int i = s * BLOCK + (int)threadIdx.x;
+      f(i < n ? list[i] : 0u, s);
+    }
+  }
+};
+
+// Clears hist[0]; a kernel calls it before loading its keys (top_k's first barrier orders it
+// before the first count).
+template <int BLOCK>
+__device__ __forceinline__ void select_prologue(Sel<BLOCK>& s) {
+  for (int i = threadIdx.x; i < HIST; i += BLOCK) s.hist[0][i] = 0;
+}
+
+// The cut of the k largest keys in [lo, hi] (k <= their count; keys outside the range are not
+// candidates, those above hi must not exist): a radix select over the key range, whose bins
+// are 2^shift consecutive keys (at most HIST bins), that narrows the range to the k-th key's
+// bin each pass and stops when that bin is taken whole. Each pass is one count and three
+// barriers; hist[pc & 1] is clear when pass pc starts. After max_passes it returns a floor
+// instead: every key in or above the k-th key's bin (gt = that bin's least key - 1).
+template <int BLOCK, class Keys>
+__device__ __forceinline__ Cut radix_cut(Sel<BLOCK>& s, int& ph, Keys& keys, uint32_t k,
+                                         uint32_t lo, uint32_t hi, int& pc, int max_passes) {
+  uint32_t krem = k;
+#pragma unroll 1
+  for (int p = 0;; ++p, ++pc) {
+    if (lo == hi) return Cut{lo, lo, krem, k};  // one key value left: krem of its ties
+    const uint32_t span = hi - lo;
+    const int bits = 32 - __clz((int)span);
+    const int shift = bits > DIGIT ? bits - DIGIT : 0;
+    const int nb = (int)(span >> shift) + 1;
+    uint32_t* hist = s.hist[pc & 1];
+    for (int i = threadIdx.x; i < HIST; i += BLOCK) s.hist[(pc + 1) & 1][i] = 0;
+    keys.each([&](uint32_t key, int) {
+      count_digit(hist, key >= lo && key <= hi, (key - lo) >> shift);
+    });
+    __syncthreads();
+    // The bin where the count from the top reaches krem: thread t sums bins nb-1-t*per down.
+    constexpr int per = (HIST + BLOCK - 1) / BLOCK;
+    const int b0 = nb - 1 - (int)threadIdx.x * per;
+    uint32_t sum = 0;
+#pragma unroll
+    for (int i = 0; i < per; ++i)
+      if (b0 - i >= 0) sum += hist[b0 - i];
+    uint32_t before = sum, unused = 0, total, t2;
+    block_scan(s, ph, before, unused, total, t2);
+    if (before < krem && before + sum >= krem) {
+      uint32_t c = before;
+      for (int i = 0; i < per; ++i) {
+        const uint32_t h = hist[b0 - i];
+        if (c + h >= krem) {
+          s.res[pc & 1][0] = (uint32_t)(b0 - i);
+          s.res[pc & 1][1] = c;
+          s.res[pc & 1][2] = h;
+          break;
+        }
+        c += h;
+      }
+    }
+    __syncthreads();
+    const uint32_t bin = s.res[pc & 1][0], above = s.res[pc & 1][1], cnt = s.res[pc & 1][2];
+    const uint32_t least = lo + (bin << shift);
+    krem -= above;
+    if (shift == 0) {  // the k-th key exactly, with krem of its ties
+      ++pc;
+      return Cut{least, least, krem, k};
+    }
+    if (cnt == krem || p + 1 == max_passes) {  // every key >= the bin's least key
+      ++pc;
+      return Cut{least - 1, 0u, 0u, k};
+    }
+    lo = least;
+    const uint64_t top = (uint64_t)least + ((1ull << shift) - 1);
+    hi = top < hi ? (uint32_t)top : hi;
+  }
+}
+
+// Two passes over 64 register keys that compare them with the same threshold would keep 64
+// comparison masks alive between the passes (the compiler reuses the first pass's), spilling
+// SGPRs on gfx942. Thread 0 stores the threshold before the block_scan/block_reduce call of
+// parity `buf` (whose barrier publishes it) and every thread reads it back after: the same
+// value, which the compiler cannot see, so the second pass compares afresh.
+template <int BLOCK>
+__device__ __forceinline__ void relay(Sel<BLOCK>& s, int buf, uint32_t a, uint32_t b) {
+  if (threadIdx.x == 0) {
+    s.relay[buf][0] = a;
+    s.relay[buf][1] = b;
+  }
+}
+
+// Calls out(key, pay(slot), position) for each key the cut takes; positions are
+// 0..cut.total-1, from prefix sums of each thread's counts (no atomics).
+template <int BLOCK, class Keys, class Pay, class Out>
+__device__ __forceinline__ void emit(Sel<BLOCK>& s, int& ph, Keys& keys, const Cut cut, Pay pay,
+                                     Out out) {
+  uint32_t ngt = 0, neq = 0;
+  keys.each([&](uint32_t key, int) {
+    ngt += key > cut.gt;
+    neq += cut.need_eq != 0 && key == cut.eq;
+  });
+  const int buf = ph & 1;
+  relay(s, buf, cut.gt, cut.eq);
+  uint32_t t1, t2;
+  block_scan(s, ph, ngt, neq, t1, t2);
+  const uint32_t gt = s.relay[buf][0], eq = s.relay[buf][1];
+  const uint32_t eq_base = cut.total - cut.need_eq, need_eq = cut.need_eq;
+  // pay and out by value: a closure holding their addresses would stay in scratch memory.
+  keys.each([&ngt, &neq, gt, eq, need_eq, eq_base, pay, out](uint32_t key, int slot) {
+    if (key > gt) {
+      out(key, pay(slot), ngt++);
+    } else if (need_eq != 0 && key == eq) {
+      if (neq < need_eq) out(key, pay(slot), eq_base + neq);
+      ++neq;
+    }
+  });
+}
+
+// The k largest valid (nonzero) keys: calls out(key, pay(slot), position) for each, positions
+// 0..n-1, and returns n (k, or every valid key when fewer). A floor F comes first, from one
+// histogram pass over the group maxima: at least k maxima, so at least k keys, are >= F, and
+// no key below F can be taken. If fewer than k keys lie above F, F is the k-th key (ties, -inf
+// rows: no more work). Else the keys above F go to the LDS list with pay(slot) when at most
+// LIST, and are selected and written from there.
+template <int BLOCK, class Keys, class Pay, class Out>
+__device__ __forceinline__ uint32_t top_k(Sel<BLOCK>& s, Keys& keys, uint32_t k, Pay pay,
+                                          Out out) {
+  constexpr int M = Keys::GROUPS;
+  int ph = 0, pc = 0;
+  uint32_t mx[M];
+#pragma unroll
+  for (int g = 0; g < M; ++g) mx[g] = 0;
+  uint32_t nvalid = 0;
+  keys.each([&](uint32_t key, int slot) {
+    nvalid += key != 0;
+    mx[Keys::group(slot)] = max(mx[Keys::group(slot)], key);
+  });
+  uint32_t nmax = 0, thi = 0, tlo = 0xffffffffu;
+#pragma unroll
+  for (int g = 0; g < M; ++g) {
+    nmax += mx[g] != 0;
+    thi = max(thi, mx[g]);
+    tlo = mx[g] ? min(tlo, mx[g]) : tlo;
+  }
+  block_reduce(s, ph, nvalid, nmax, thi, tlo);
+  if (nvalid <= k) {  // take every valid key
+    emit(s, ph, keys, Cut{0u, 0u, 0u, nvalid}, pay, out);
+    return nvalid;
+  }
+  uint32_t floor = 0;  // count(key >= floor) >= k
+  if (nmax >= k) {
+    RegKeys<M, 1> maxima;
+#pragma unroll
+    for (int g = 0; g < M; ++g) maxima.k[g] = mx[g];
+    maxima.used = M;
+    const Cut f = radix_cut(s, ph, maxima, k, tlo, thi, pc, 1);
+    floor = f.need_eq ? f.eq : f.gt + 1;
+  }
+  // The keys above the floor: how many, their least and greatest.
+  uint32_t ngt = 0, ahi = 0, alo = 0xffffffffu, zero = 0;
+  keys.each([&](uint32_t key, int) {
+    const bool a = key > floor;
+    ngt += a;
+    ahi = a ? max(ahi, key) : ahi;
+    alo = a ? min(alo, key) : alo;
+  });
+  const uint32_t mine = ngt;
+  const int buf = ph & 1;
+  relay(s, buf, floor, 0u);
+  block_reduce(s, ph, ngt, zero, ahi, alo);
+  if (ngt < k) {  // the floor is the k-th key
+    emit(s, ph, keys, Cut{floor, floor, k - ngt, k}, pay, out);
+    return k;
+  }
+  if (ngt > LIST) {
+    const Cut cut = radix_cut(s, ph, keys, k, alo, ahi, pc, 32);
+    emit(s, ph, keys, cut, pay, out);
+    return k;
+  }
+  uint32_t pos = mine, unused = 0, t1, t2;
+  block_scan(s, ph, pos, unused, t1, t2);
+  const uint32_t above = s.relay[buf][0];  // == floor
+  keys.each([&pos, &s, above, pay](uint32_t key, int slot) {
+    if (key > above) {
+      s.key[pos] = key;
+      s.id[pos] = pay(slot);
+      ++pos;
+    }
+  });
+  __syncthreads();
+  ListKeys<BLOCK> list{s.key, (int)ngt};
+  const Cut cut = radix_cut(s, ph, list, k, alo, ahi, pc, 32);
+  emit(s, ph, list, cut, [&](int slot) { return s.id[slot * BLOCK + (int)threadIdx.x]; }, out);
+  return k;
+}
