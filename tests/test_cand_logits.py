@@ -24,7 +24,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 
-from dsv41_gfx942_plugin.ops import _cand_layout, cand_logits
+from dsv41_gfx942_plugin.ops import _cand_kernels, _cand_layout, cand_logits
 
 CUDA = torch.cuda.is_available() and torch.version.hip is None
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs an NVIDIA GPU (the portable twin)")
@@ -501,7 +501,7 @@ def compile_gfx942(heads: int, page_size: int, per_row: bool = True):
         PageSize=page_size, CandBlock=8,
     )  # fmt: skip
     sig.update(dict.fromkeys(constexprs, "constexpr"))
-    src = GluonASTSource(cand_logits._cand_logits_gfx942, sig, constexprs)
+    src = GluonASTSource(_cand_kernels._cand_logits_gfx942, sig, constexprs)
     options = {"num_warps": cand_logits.NUM_WARPS, "waves_per_eu": cand_logits.WAVES_PER_EU}
     return triton.compile(src, target=GPUTarget("hip", "gfx942", 64), options=options)
 
@@ -510,10 +510,10 @@ def compile_twin_sm90() -> str:
     sig = {name: _POINTERS.get(name, "i32").replace("fp8e4b8", "fp8e4nv") for name in _ARGS}
     constexprs = dict(
         SeqLensIs2D=False, StagesPerProgram=2, Heads=32, HiddenDim=128, PageSize=32,
-        CandBlock=8, Columns=cand_logits.TWIN_COLUMNS, ThreadsPerWarp=32,
+        CandBlock=8, Columns=_cand_kernels.TWIN_COLUMNS, ThreadsPerWarp=32,
     )  # fmt: skip
     sig.update(dict.fromkeys(constexprs, "constexpr"))
-    src = GluonASTSource(cand_logits._cand_logits_portable, sig, constexprs)
+    src = GluonASTSource(_cand_kernels._cand_logits_portable, sig, constexprs)
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
     return kernel.asm["ptx"]
 

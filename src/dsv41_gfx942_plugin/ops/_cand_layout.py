@@ -1,6 +1,6 @@
 """The MFMA layout choice and head reduction shared with AITER's dense indexer logits.
 
-The candidate kernel (cand_logits.py) is bit-identical to AITER's gfx942 Gluon kernel
+The candidate kernel (_cand_kernels.py) is bit-identical to AITER's gfx942 Gluon kernel
 (`_gluon_deepgemm_fp8_paged_mqa_logits_preshuffle`) only while it builds the same MFMA layout
 and sums the heads with the same combine function. Where AITER is importable both come from its
 module, so that the two cannot drift; elsewhere (CI, the H200) this module computes the same
