@@ -45,7 +45,7 @@ struct Sel {
   int32_t id[LIST];        // and their column ids
   uint32_t part[2][4][NWAVES];
   uint32_t res[2][3];
-  uint32_t relay[2][2];  // a second pass's thresholds, see relayed()
+  uint32_t relay[2][2];  // a second pass's thresholds, see relay()
 };
 
 // The cut a select found: take every key > gt, and the first need_eq keys == eq; `total`

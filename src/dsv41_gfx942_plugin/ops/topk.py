@@ -218,6 +218,19 @@ def _launch_decode(kernels, logits, next_n, seq_lens, indices, register, max_blo
     return True
 
 
+def _launch_rows(name: str, logits: torch.Tensor, *args) -> bool:
+    """One workgroup a row of ``logits`` for kernel ``name`` on torch's current stream; False
+    (nothing launched) when the kernels are not loaded on this device."""
+    kernels = _kernels(logits)
+    if kernels is None:
+        return False
+    rows = logits.shape[0]
+    if rows:
+        stream = _launcher.stream_handle(logits.device.index)
+        kernels[name]((rows, 1, 1), THREADS[name], stream, *args)
+    return True
+
+
 def top_k_per_row_decode_512(
     logits: torch.Tensor,
     next_n: int,
@@ -290,28 +303,22 @@ def candidate_top_k(logits, next_n, seq_lens, candidates, block_size, indices, t
         and candidates.shape[1] * block_size <= MAX_CANDIDATE_COLUMNS
     ):
         return False
-    kernels = _kernels(logits)
-    if kernels is None:
-        return False
-    if rows:
-        kernels["dsv_topk512_candidates"](
-            (rows, 1, 1),
-            THREADS["dsv_topk512_candidates"],
-            _launcher.stream_handle(logits.device.index),
-            logits.data_ptr(),
-            logits.stride(0),
-            logits.shape[1],
-            seq_lens.data_ptr(),
-            int(seq_lens.dim() == 1),
-            next_n,
-            indices.data_ptr(),
-            indices.stride(0),
-            candidates.data_ptr(),
-            candidates.stride(0),
-            candidates.shape[1],
-            block_size,
-        )
-    return True
+    return _launch_rows(
+        "dsv_topk512_candidates",
+        logits,
+        logits.data_ptr(),
+        logits.stride(0),
+        logits.shape[1],
+        seq_lens.data_ptr(),
+        int(seq_lens.dim() == 1),
+        next_n,
+        indices.data_ptr(),
+        indices.stride(0),
+        candidates.data_ptr(),
+        candidates.stride(0),
+        candidates.shape[1],
+        block_size,
+    )
 
 
 def compact_top_k_512(logits, ids, seq_lens, next_n, indices) -> bool:
@@ -339,26 +346,20 @@ def compact_top_k_512(logits, ids, seq_lens, next_n, indices) -> bool:
         and _is_index_out(indices, rows, TOPK, logits.device)
     ):
         return False
-    kernels = _kernels(logits)
-    if kernels is None:
-        return False
-    if rows:
-        kernels["dsv_topk512_compact"](
-            (rows, 1, 1),
-            THREADS["dsv_topk512_compact"],
-            _launcher.stream_handle(logits.device.index),
-            logits.data_ptr(),
-            logits.stride(0),
-            ids.data_ptr(),
-            ids.stride(0),
-            logits.shape[1],
-            seq_lens.data_ptr(),
-            int(seq_lens.dim() == 1),
-            next_n,
-            indices.data_ptr(),
-            indices.stride(0),
-        )
-    return True
+    return _launch_rows(
+        "dsv_topk512_compact",
+        logits,
+        logits.data_ptr(),
+        logits.stride(0),
+        ids.data_ptr(),
+        ids.stride(0),
+        logits.shape[1],
+        seq_lens.data_ptr(),
+        int(seq_lens.dim() == 1),
+        next_n,
+        indices.data_ptr(),
+        indices.stride(0),
+    )
 
 
 def select_candidates(logits, next_n, seq_lens, block_size, candidates) -> bool:
@@ -396,25 +397,19 @@ def select_candidates(logits, next_n, seq_lens, block_size, candidates) -> bool:
     rep = 1 if ends == rows else next_n
     if ends * rep < rows:
         return False
-    kernels = _kernels(logits)
-    if kernels is None:
-        return False
-    if rows:
-        kernels["dsv_select_blocks"](
-            (rows, 1, 1),
-            THREADS["dsv_select_blocks"],
-            _launcher.stream_handle(logits.device.index),
-            logits.data_ptr(),
-            logits.stride(0),
-            width,
-            seq_lens.data_ptr(),
-            rep,
-            block_size,
-            candidates.data_ptr(),
-            candidates.stride(0),
-            candidates.shape[1],
-        )
-    return True
+    return _launch_rows(
+        "dsv_select_blocks",
+        logits,
+        logits.data_ptr(),
+        logits.stride(0),
+        width,
+        seq_lens.data_ptr(),
+        rep,
+        block_size,
+        candidates.data_ptr(),
+        candidates.stride(0),
+        candidates.shape[1],
+    )
 
 
 def skip_decode_fill(has_prefill, num_decode_tokens, num_tokens, decode) -> bool:
