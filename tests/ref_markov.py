@@ -68,6 +68,52 @@ def make_head(vocab: int, rank: int, device, gen: torch.Generator, w_scale: floa
     return head, lp
 
 
+def _add_ties(w2: torch.Tensor, base: torch.Tensor, vocab: int, gen: torch.Generator) -> None:
+    """In place: exact ties between tokens a < b (the same Markov row and base logit, raised
+    so that they are often near the top: the first token must win), and some -inf entries."""
+    for _ in range(4):
+        a, b = sorted(torch.randint(0, vocab, (2,), generator=gen).tolist())
+        if a != b:
+            w2[b] = w2[a]
+            base[:, a] += 4.0
+            base[:, b] = base[:, a]
+    base[torch.rand(base.shape, generator=gen) < 0.01] = float("-inf")
+
+
+def _request_state(rows, n_spec, vocab, max_num_reqs, greedy, temps, inert, gen, device) -> dict:
+    """The per-request attributes ``_sample_sequential`` reads: temperatures from ``temps``,
+    seeds, anchors, distinct request slots for the rows (a fraction ``inert`` of them -1, as
+    CUDA-graph padding), positions, the draft token buffer and logits cache (None: greedy)."""
+    state = dict(
+        draft_logits=None
+        if greedy
+        else torch.zeros(max_num_reqs, n_spec, vocab, dtype=torch.bfloat16, device=device),
+        temperature=torch.tensor(
+            [temps[i] for i in torch.randint(0, len(temps), (max_num_reqs,), generator=gen)],
+            dtype=torch.float32,
+        ).to(device),
+        seeds=torch.randint(-(2**62), 2**62, (max_num_reqs,), generator=gen).to(device),
+        draft_tokens=torch.zeros(max_num_reqs, n_spec, dtype=torch.int64, device=device),
+        _step_cols=torch.arange(n_spec, dtype=torch.int32, device=device),
+        _anchor_idx=torch.arange(max_num_reqs, dtype=torch.int64, device=device) * n_spec,
+        input_buffers=types.SimpleNamespace(
+            input_ids=torch.randint(0, vocab, (max_num_reqs * n_spec,), generator=gen)
+            .to(torch.int32)
+            .to(device)
+        ),
+    )
+    slots = torch.randperm(max_num_reqs, generator=gen)[:rows]
+    slots[torch.rand(rows, generator=gen) < inert] = -1
+    idx = torch.full((max_num_reqs * n_spec,), -1, dtype=torch.int64)
+    idx[: rows * n_spec] = slots.repeat_interleave(n_spec)
+    state["sample_idx_mapping"] = idx.to(device)
+    pos0 = torch.randint(0, 1 << 20, (rows,), generator=gen)
+    pos = torch.zeros(max_num_reqs * n_spec, dtype=torch.int64)
+    pos[: rows * n_spec] = (pos0[:, None] + 1 + torch.arange(n_spec)).reshape(-1)
+    state["sample_pos"] = pos.to(device)
+    return state
+
+
 def make_case(
     *,
     vocab: int,
@@ -97,17 +143,8 @@ def make_case(
     n_tokens = num_sample + 7
     base = torch.randn(n_tokens, vocab, generator=gen) * 3
     if adversarial:
-        # Ties: tokens a < b with the same base logit and the same Markov row (equal logits),
-        # some -inf entries, one row of -inf only, large values.
-        w2 = head.markov_w2.weight.data
-        for _ in range(4):
-            a, b = sorted(torch.randint(0, vocab, (2,), generator=gen).tolist())
-            if a != b:
-                w2[b] = w2[a]
-                base[:, b] = base[:, a]
-                base[:, a] += 4.0  # often near the top: a tie the first token must win
-                base[:, b] += 4.0
-        base[torch.rand(base.shape, generator=gen) < 0.01] = float("-inf")
+        # Ties, some -inf entries, one row of -inf only, large values.
+        _add_ties(head.markov_w2.weight.data, base, vocab, gen)
         base[n_tokens // 2] = float("-inf")
     base = base.to(torch.bfloat16).to(device)
     model = DraftModel(head, lp, base)
@@ -125,36 +162,14 @@ def make_case(
     spec.use_confidence_head = False
     spec.acceptance_estimator = None
     spec.use_fp64_gumbel = fp64
-    spec.draft_logits = (
-        None
-        if greedy
-        else torch.zeros(max_num_reqs, n_spec, vocab, dtype=torch.bfloat16, device=device)
-    )
-    spec.temperature = torch.tensor(
-        [temps[i] for i in torch.randint(0, len(temps), (max_num_reqs,), generator=gen).tolist()],
-        dtype=torch.float32,
-        device=device,
-    )
-    spec.seeds = torch.randint(-(2**62), 2**62, (max_num_reqs,), generator=gen).to(device)
-    spec.draft_tokens = torch.zeros(max_num_reqs, n_spec, dtype=torch.int64, device=device)
     spec.draft_token_confidence_probs = torch.zeros(
         max_num_reqs, n_spec, dtype=torch.float32, device=device
     )
-    spec._step_cols = torch.arange(n_spec, dtype=torch.int32, device=device)
     spec.num_query_per_req = n_spec
-    spec._anchor_idx = torch.arange(max_num_reqs, dtype=torch.int64, device=device) * n_spec
-    input_ids = torch.randint(0, vocab, (max_num_reqs * n_spec,), generator=gen)
-    spec.input_buffers = types.SimpleNamespace(input_ids=input_ids.to(torch.int32).to(device))
-    # Rows sample distinct request slots; some rows are inert (-1, as CUDA graph padding).
-    slots = torch.randperm(max_num_reqs, generator=gen)[:rows]
-    slots[torch.rand(rows, generator=gen) < inert] = -1
-    idx = torch.full((max_num_reqs * n_spec,), -1, dtype=torch.int64)
-    idx[:num_sample] = slots.repeat_interleave(n_spec)
-    spec.sample_idx_mapping = idx.to(device)
-    pos0 = torch.randint(0, 1 << 20, (rows,), generator=gen)
-    pos = torch.zeros(max_num_reqs * n_spec, dtype=torch.int64)
-    pos[:num_sample] = (pos0[:, None] + 1 + torch.arange(n_spec)).reshape(-1)
-    spec.sample_pos = pos.to(device)
+    for name, value in _request_state(
+        rows, n_spec, vocab, max_num_reqs, greedy, temps, inert, gen, device
+    ).items():
+        setattr(spec, name, value)
     sample_idx = torch.zeros(max_num_reqs * n_spec, dtype=torch.int64)
     sample_idx[:num_sample] = torch.randperm(n_tokens, generator=gen)[:num_sample]
     spec.sample_indices = sample_idx.to(device)
@@ -360,44 +375,14 @@ def make_plain_case(
     w1 = (torch.randn(vocab, rank, generator=gen) * 0.2).to(torch.bfloat16).to(device)
     w2 = (torch.randn((vocab + 63) // 64 * 64, rank, generator=gen) * 0.2).to(torch.bfloat16)
     base = torch.randn(rows * n_spec, vocab, generator=gen) * 3
-    for _ in range(4):  # exact ties between a token and a later one
-        a, b = sorted(torch.randint(0, vocab, (2,), generator=gen).tolist())
-        if a != b:
-            w2[b] = w2[a]
-            base[:, a] += 4.0
-            base[:, b] = base[:, a]
-    base[torch.rand(base.shape, generator=gen) < 0.01] = float("-inf")
+    _add_ties(w2, base, vocab, gen)
     base = base.to(torch.bfloat16).to(device).view(rows, n_spec, vocab)
     spec = types.SimpleNamespace(
         num_speculative_steps=n_spec,
         max_num_reqs=max_num_reqs,
         use_fp64_gumbel=fp64,
-        draft_logits=None
-        if greedy
-        else torch.zeros(max_num_reqs, n_spec, vocab, dtype=torch.bfloat16, device=device),
-        temperature=torch.tensor(
-            [temps[i] for i in torch.randint(0, len(temps), (max_num_reqs,), generator=gen)],
-            dtype=torch.float32,
-        ).to(device),
-        seeds=torch.randint(-(2**62), 2**62, (max_num_reqs,), generator=gen).to(device),
-        draft_tokens=torch.zeros(max_num_reqs, n_spec, dtype=torch.int64, device=device),
-        _step_cols=torch.arange(n_spec, dtype=torch.int32, device=device),
-        _anchor_idx=torch.arange(max_num_reqs, dtype=torch.int64, device=device) * n_spec,
-        input_buffers=types.SimpleNamespace(
-            input_ids=torch.randint(0, vocab, (max_num_reqs * n_spec,), generator=gen)
-            .to(torch.int32)
-            .to(device)
-        ),
+        **_request_state(rows, n_spec, vocab, max_num_reqs, greedy, temps, inert, gen, device),
     )
-    slots = torch.randperm(max_num_reqs, generator=gen)[:rows]
-    slots[torch.rand(rows, generator=gen) < inert] = -1
-    idx = torch.full((max_num_reqs * n_spec,), -1, dtype=torch.int64)
-    idx[: rows * n_spec] = slots.repeat_interleave(n_spec)
-    spec.sample_idx_mapping = idx.to(device)
-    pos0 = torch.randint(0, 1 << 20, (rows,), generator=gen)
-    pos = torch.zeros(max_num_reqs * n_spec, dtype=torch.int64)
-    pos[: rows * n_spec] = (pos0[:, None] + 1 + torch.arange(n_spec)).reshape(-1)
-    spec.sample_pos = pos.to(device)
     return spec, w1, w2.to(device), base
 
 
