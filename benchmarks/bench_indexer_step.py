@@ -27,13 +27,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import indexer_step as harness  # noqa: E402
 
 
-class _Patch:
-    """A tiny stand-in for pytest's monkeypatch (setattr only, never undone: one process)."""
-
-    def setattr(self, obj, name, value, raising=True):
-        setattr(obj, name, value)
-
-
 def graphed_us(fn) -> float:
     return mean_us(graphed(fn), 200, warmup=10)
 
@@ -52,7 +45,7 @@ def main() -> int:
     print(f"{'rows x context':>16} {'plugin us':>10} {'vLLM branch us':>15} {'speed-up':>9}")
     for requests, next_n, width in ((1, 6, 32768), (1, 6, 131072), (8, 6, 131072)):
         step = harness.Step(requests, next_n, width)
-        current = harness.install_stand_ins(_Patch(), step)
+        current = harness.install_stand_ins(harness.Patch(), step)
         ours, vllms = step.layers(), step.layers()
         t_plugin = graphed_us(functools.partial(harness.run_step, step, ours, current, True))
         t_vllm = graphed_us(functools.partial(harness.run_step, step, vllms, current, False))

@@ -1,6 +1,7 @@
-"""A whole DSv4.1 indexer decode step on a GPU: the 8 index layers (2, 8, 14 plain; 20 the
-candidate writer; 24-36 readers), through the plugin's decode path and through vLLM's decode
-branch, for ``tests/test_indexer_gpu.py`` and ``benchmarks/bench_indexer_step.py``.
+"""A whole DSv4.1 indexer decode step: the 8 index layers (2, 8, 14 plain; 20 the candidate
+writer; 24-36 readers), through the plugin's decode path and through vLLM's decode branch, for
+``tests/test_indexer_gpu.py`` and ``benchmarks/bench_indexer_step.py`` on a GPU, and for
+``benchmarks/bench_host.py`` on the CPU (which also makes the device ops no-ops).
 
 What does not run off gfx942 is replaced on both sides alike: AITER's paged logits by fixed
 random logits per layer (stale garbage past each row's end, as AITER leaves it), and vLLM's C++
@@ -40,13 +41,13 @@ class Step:
     """Buffers and metadata of one decode step of ``requests`` x ``next_n`` flattened rows
     (DSpark: one row a request position, 2-D ``(T, 1)`` lengths), contexts up to ``width``."""
 
-    def __init__(self, requests: int, next_n: int, width: int, seed: int = 0):
+    def __init__(self, requests: int, next_n: int, width: int, seed: int = 0, device="cuda"):
         from vllm.v1.attention.backends.mla.indexer import (
             DeepSeekV32IndexerDecodeMetadata,
             DeepseekV32IndexerMetadata,
         )
 
-        dev = "cuda"
+        self.device = dev = device
         self.rows = rows = requests * next_n
         self.width, self.next_n = width, next_n
         g = torch.Generator(device=dev).manual_seed(seed)
@@ -75,20 +76,28 @@ class Step:
     def layers(self) -> list:
         """Stand-in layers with the attributes the decode path reads; the writer and readers
         share one candidate buffer, as in the model."""
-        cands = torch.full((self.rows, CAND_BLOCKS), -1, dtype=torch.int32, device="cuda")
+        cands = torch.full((self.rows, CAND_BLOCKS), -1, dtype=torch.int32, device=self.device)
         return [self._layer(lid, kind, cands) for lid, kind in LAYERS]
 
     def _layer(self, lid: int, kind: str, cands: torch.Tensor):
         return types.SimpleNamespace(
             k_cache=types.SimpleNamespace(prefix=f"layers.{lid}",
                                           kv_cache=torch.zeros(1, 64, 132, dtype=torch.uint8,
-                                                               device="cuda")),
+                                                               device=self.device)),
             topk_indices_buffer=torch.full((self.rows, TOPK), 7777, dtype=torch.int32,
-                                           device="cuda"),
+                                           device=self.device),
             topk_tokens=TOPK, max_model_len=self.width, compress_ratio=1,
+            skip_k_cache_insert=True,  # the model wrote the K cache, as in DeepSeek-V4.1
             candidate_blocks=None if kind == "plain" else cands,
             candidate_block_size=CB, candidate_write=kind == "writer",
             dsv41_topk=True, dsv41_cand_logits=True)  # fmt: skip
+
+
+class Patch:
+    """pytest's monkeypatch for scripts (setattr only, never undone: one process)."""
+
+    def setattr(self, obj, name, value, raising=True):
+        setattr(obj, name, value)
 
 
 def install_stand_ins(monkeypatch, step: Step, full_graph: bool = True):
