@@ -9,7 +9,9 @@ probabilistic drafts (fp32 Gumbel noise, temperature 1, every row live), it time
   and graphed; where vLLM cannot be imported, the same op sequence with torch's Gumbel noise;
 
 and prints each beside the memory floor: every step reads ``markov_w2`` once (66 MB) and each
-row's base logits, and writes each row's cached logits (2 x 0.26 MB a row), at 4.8 TB/s (H200).
+row's base logits, and writes each row's cached logits (2 x 0.26 MB a row), at 4.8 TB/s (H200);
+and beside two measured floors (``_markov_floors.py``, graphed): ``stream``, the same bytes moved
+by torch with no arithmetic, and ``noise``, vLLM's exact Gumbel noise and a row argmax alone.
 Times are the mean of ``--iters`` calls after warm-up, measured with CUDA events. Writes JSON.
 
     python benchmarks/bench_markov.py --json out.json [--rows 1,8,32,64,128,256]
@@ -40,6 +42,7 @@ if importlib.util.find_spec("vllm._C") is None:
 
     _platforms._current_platform = UnspecifiedPlatform()
 
+import _markov_floors as floors  # noqa: E402
 from dsv41_gfx942_plugin.ops import fused_markov as F  # noqa: E402
 
 HBM_BYTES_PER_S = 4.8e12  # H200 peak
@@ -119,7 +122,9 @@ def main() -> None:
         f"{'rows':>5} {'fused eager':>12} {'fused graph':>12} {'vLLM eager':>11} {'vLLM graph':>11}"
     )
     print(f"baseline: {name}; times in us for {args.steps} draft steps, V={args.vocab}")
-    print(head + f" {'floor':>7} {'graph/floor':>11} {'vs vLLM graph':>13}")
+    print(
+        head + f" {'floor':>7} {'stream':>7} {'noise':>7} {'graph/floor':>11} {'vs vLLM graph':>13}"
+    )
     for rows in (int(r) for r in args.rows.split(",")):
         spec, w1, w2, base3 = make_state(rows, args.vocab, args.rank, args.steps)
         fused = functools.partial(F._launch, spec, rows, base3, w1, w2)
@@ -130,6 +135,8 @@ def main() -> None:
         r["vllm_eager_us"] = mean_us(ref, args.iters)
         r["vllm_graph_us"] = mean_us(graphed(ref), args.iters)
         r["floor_us"] = floor_us(rows, args.vocab, args.rank, args.steps)
+        r["stream_graph_us"] = mean_us(graphed(floors.stream(spec, rows, base3, w2)), args.iters)
+        r["noise_graph_us"] = mean_us(graphed(floors.noise(spec, rows, base3)), args.iters)
         r["fused_graph_over_floor"] = r["fused_graph_us"] / r["floor_us"]
         r["speedup_vs_vllm_graph"] = r["vllm_graph_us"] / r["fused_graph_us"]
         r["config"] = F._config(rows, args.vocab, args.rank, False)
@@ -137,6 +144,7 @@ def main() -> None:
         print(
             f"{rows:>5} {r['fused_eager_us']:>12.1f} {r['fused_graph_us']:>12.1f}"
             f" {r['vllm_eager_us']:>11.1f} {r['vllm_graph_us']:>11.1f} {r['floor_us']:>7.1f}"
+            f" {r['stream_graph_us']:>7.1f} {r['noise_graph_us']:>7.1f}"
             f" {r['fused_graph_over_floor']:>10.2f}x {r['speedup_vs_vllm_graph']:>12.2f}x",
             flush=True,
         )

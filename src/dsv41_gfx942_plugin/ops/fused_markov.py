@@ -53,6 +53,15 @@ __all__ = ["sample_sequential"]
 #   markov_w2 in L1, not L2), with BK 32 / 4 stages: 64 / 128 / 256 rows 389 / 656 / 1223 us with
 #   2 tiles, 401 / 748 / 1357 with 4, 406 / 757 / 1520 with 8, against 305 / 532 / 1014 with one:
 #   the programs' parallelism matters more than the L2 traffic it saves.
+# - A grid sized to the GPU (PER_SM programs an SM), each program walking consecutive blocks and
+#   keeping its rows' best key in registers (one previous-token read and one atomic a row a
+#   program): never faster (one run, graphed, 5 steps, PER_SM 1 / 2 / 4 / 8 against one block a
+#   program): 1 row 154 / 117 / 107 / 104 us against 102; 8 rows 179 / 135 / 134 / 113 against
+#   114; 64 rows 960 / 564 / 356 / 354 against 332; 256 rows 3507 / 1999 / 1220 / 1242 against
+#   1080 (64-row tiles with 8 warps 1237).
+# - At 1 / 8 rows (one run, against 102 / 114 us for the entries below): 8 warps 112 / 118 us,
+#   2 warps 112 / 129, BK 128 with 2 stages 104 / 119, BK 64 with 2 stages 125 / 121, with 4
+#   stages 107 / 121, BV 256 with BK 32 and 4 stages 135 / 157, BV 256 with 8 warps 119 / 124.
 # Before odd steps ran backwards: at 1 row 3 stages 122 us, 4 stages 121, BK 128 125, BK 32 143;
 # at 256 rows 32-row tiles 1138 us, 64-row tiles 1187 (BV 128, 8 warps: 1220), 128-row 1760.
 # An fp32 product sum in place of tl.dot was far slower (254 us at 1 row, 1523 us at 8); it

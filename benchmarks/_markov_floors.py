@@ -1,0 +1,61 @@
+"""Two measured floors beside ``bench_markov.py``'s modelled memory floor, 5 draft steps graphed:
+
+- ``stream``: the bytes a step must move, moved by torch: a reduction over ``markov_w2`` (read
+  once) and a copy of the rows' base logits into the draft logits cache (read and written once),
+  two kernels a step. What a step costs when it does no arithmetic at all.
+- ``noise``: vLLM's fp32 Gumbel noise alone (``murmur3_uniform32``, ``_log1p_neg_stable``, the
+  two logs, from ``vllm/v1/worker/gpu/sample/gumbel.py``) for every (row, token) of a step, with
+  the argmax of each row: one launch a step, no logits, no memory traffic but the winners. What
+  the exact noise costs to issue, whatever the memory does.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from vllm.v1.worker.gpu.sample.gumbel import _log1p_neg_stable, murmur3_uniform32, spec_step_seed
+
+ROWS_A_TILE, TOKENS_A_BLOCK = 32, 64  # fused_markov's tile above 32 rows (no padded rows)
+
+
+@triton.jit
+def _noise_kernel(seeds_ptr, win_ptr, rows, vocab, step, R: tl.constexpr, BV: tl.constexpr):
+    r = tl.program_id(0) * R + tl.arange(0, R)
+    v = tl.program_id(1) * BV + tl.arange(0, BV)
+    rmask = r < rows
+    seed = spec_step_seed(tl.load(seeds_ptr + r, mask=rmask, other=0), step)[:, None]
+    u = murmur3_uniform32(seed, (r + 1000)[:, None], v[None, :])
+    y = -tl.log(-_log1p_neg_stable(u))
+    y = tl.where(rmask[:, None] & (v < vocab)[None, :], y, float("-inf"))
+    best, at = tl.max(y, axis=1, return_indices=True, return_indices_tie_break_left=True)
+    key = (best.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (tl.program_id(1) * BV + at)
+    tl.atomic_max(win_ptr + r, key, mask=rmask)
+
+
+def stream(spec, rows: int, base3: torch.Tensor, w2: torch.Tensor):
+    """The step's memory traffic done by torch, for each of the steps."""
+    sink = torch.empty((), dtype=torch.float32, device=w2.device)
+    flat = w2.view(-1)
+    cache = spec.draft_logits
+
+    def run():
+        for step in range(base3.shape[1]):
+            torch.sum(flat, 0, dtype=torch.float32, out=sink)
+            cache[:rows, step].copy_(base3[:, step])
+
+    return run
+
+
+def noise(spec, rows: int, base3: torch.Tensor):
+    """vLLM's Gumbel noise and a row argmax over every (row, token), for each of the steps."""
+    vocab = base3.shape[2]
+    win = torch.empty(rows, dtype=torch.int64, device=base3.device)
+    tile = min(ROWS_A_TILE, triton.next_power_of_2(rows))
+    grid = (triton.cdiv(rows, tile), triton.cdiv(vocab, TOKENS_A_BLOCK))
+
+    def run():
+        for step in range(base3.shape[1]):
+            _noise_kernel[grid](spec.seeds, win, rows, vocab, step, R=tile, BV=TOKENS_A_BLOCK)
+
+    return run
