@@ -399,7 +399,7 @@ DSV_KERNEL(SELECT_THREADS) dsv_select_blocks(const float* logits, long long row_
       }
       if (b >= nb) m = 0;
       if (b == newest && b < nb) m = KEY_POS_INF;  // pinned, as vLLM does, even over NaN
-      if (m <= 0x007fffffu) m = 0;                 // a -inf score is no candidate
+      if (m <= KEY_NEG_INF) m = 0;                 // a -inf score is no candidate
     }
     keys.k[s2] = m;
   }
