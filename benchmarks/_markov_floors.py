@@ -16,21 +16,21 @@ import triton
 import triton.language as tl
 from vllm.v1.worker.gpu.sample.gumbel import _log1p_neg_stable, murmur3_uniform32, spec_step_seed
 
-ROWS_A_TILE, TOKENS_A_BLOCK = 32, 64  # fused_markov's tile above 32 rows (no padded rows)
+# Tokens a program: one row a program, so the noise's per-row part (seed and position hashed) is
+# computed once a program and every token pays only its own part (the fairest floor).
+TOKENS_A_BLOCK = 1024
 
 
 @triton.jit
-def _noise_kernel(seeds_ptr, win_ptr, rows, vocab, step, R: tl.constexpr, BV: tl.constexpr):
-    r = tl.program_id(0) * R + tl.arange(0, R)
+def _noise_kernel(seeds_ptr, win_ptr, vocab, step, BV: tl.constexpr):
+    r = tl.program_id(0)
     v = tl.program_id(1) * BV + tl.arange(0, BV)
-    rmask = r < rows
-    seed = spec_step_seed(tl.load(seeds_ptr + r, mask=rmask, other=0), step)[:, None]
-    u = murmur3_uniform32(seed, (r + 1000)[:, None], v[None, :])
-    y = -tl.log(-_log1p_neg_stable(u))
-    y = tl.where(rmask[:, None] & (v < vocab)[None, :], y, float("-inf"))
-    best, at = tl.max(y, axis=1, return_indices=True, return_indices_tie_break_left=True)
+    seed = spec_step_seed(tl.load(seeds_ptr + r), step)
+    u = murmur3_uniform32(seed, r + 1000, v)
+    y = tl.where(v < vocab, -tl.log(-_log1p_neg_stable(u)), float("-inf"))
+    best, at = tl.max(y, axis=0, return_indices=True, return_indices_tie_break_left=True)
     key = (best.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (tl.program_id(1) * BV + at)
-    tl.atomic_max(win_ptr + r, key, mask=rmask)
+    tl.atomic_max(win_ptr + r, key)
 
 
 def stream(spec, rows: int, base3: torch.Tensor, w2: torch.Tensor):
@@ -51,11 +51,10 @@ def noise(spec, rows: int, base3: torch.Tensor):
     """vLLM's Gumbel noise and a row argmax over every (row, token), for each of the steps."""
     vocab = base3.shape[2]
     win = torch.empty(rows, dtype=torch.int64, device=base3.device)
-    tile = min(ROWS_A_TILE, triton.next_power_of_2(rows))
-    grid = (triton.cdiv(rows, tile), triton.cdiv(vocab, TOKENS_A_BLOCK))
+    grid = (rows, triton.cdiv(vocab, TOKENS_A_BLOCK))
 
     def run():
         for step in range(base3.shape[1]):
-            _noise_kernel[grid](spec.seeds, win, rows, vocab, step, R=tile, BV=TOKENS_A_BLOCK)
+            _noise_kernel[grid](spec.seeds, win, vocab, step, BV=TOKENS_A_BLOCK)
 
     return run
