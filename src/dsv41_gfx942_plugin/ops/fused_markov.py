@@ -58,7 +58,11 @@ __all__ = ["sample_sequential"]
 #   program): never faster (one run, graphed, 5 steps, PER_SM 1 / 2 / 4 / 8 against one block a
 #   program): 1 row 154 / 117 / 107 / 104 us against 102; 8 rows 179 / 135 / 134 / 113 against
 #   114; 64 rows 960 / 564 / 356 / 354 against 332; 256 rows 3507 / 1999 / 1220 / 1242 against
-#   1080 (64-row tiles with 8 warps 1237).
+#   1080 (64-row tiles with 8 warps 1237). The same with one flat loop over (block, rank chunk),
+#   so the pipeline streams across a program's blocks (Triton's persistent-matmul shape): best
+#   at PER_SM 4, 1 / 8 rows 97.3 / 108.7 us (committed kernel 100.6 / 123.4 in another run),
+#   16 rows no faster, 64 / 256 rows slower (345 / 1250 us at one block a program, 367 / 1333
+#   at PER_SM 8); and 178-214 VGPRs on gfx942 for 32-row tiles. Not adopted.
 # - At 1 / 8 rows (one run, against 102 / 114 us for the entries below): 8 warps 112 / 118 us,
 #   2 warps 112 / 129, BK 128 with 2 stages 104 / 119, BK 64 with 2 stages 125 / 121, with 4
 #   stages 107 / 121, BV 256 with BK 32 and 4 stages 135 / 157, BV 256 with 8 warps 119 / 124.
