@@ -29,6 +29,7 @@ constexpr int MERGE_THREADS = 256, MERGE_ITEMS = 32, MERGE_GROUP = 4;  // <= 16 
 constexpr int WIDE_THREADS = 512, WIDE_ITEMS = 64, WIDE_GROUP = 16;   // <= 64 chunks (1M)
 constexpr int STREAM_THREADS = 1024;
 constexpr int SELECT_THREADS = 1024, SELECT_ITEMS = 32, SELECT_GROUP = 4;  // <= 32768 blocks
+constexpr int SELECT_BATCH = 2;  // slots a thread whose loads dsv_select_blocks issues together
 constexpr int CAND_THREADS = 512, CAND_ITEMS = 32, CAND_GROUP = 8;  // 16384 columns, 2048 blocks
 constexpr int COMPACT_THREADS = 512, COMPACT_GROUP = 8;
 
@@ -368,6 +369,10 @@ __device__ __noinline__ uint32_t block_score(const float* row, int c0, int c1) {
 // most 32768 blocks. Scoring row slices on many workgroups into scratch and selecting in a
 // second launch was slower (6 x 128k, K 2048, H200: 36.2 us, against 31.0 us for this kernel
 // on the previous top-K engine): the K = 2048 select by one workgroup is most of the time.
+// The pinned +inf made the floor's one histogram pass too coarse (4990-11673 of 16384 scores
+// above it, the register path); top_k's floor takes a second pass for it (2579-2667, the LDS
+// list). With the loads issued SELECT_BATCH slots at a time: H200, 6 x 128k, one A/B run,
+// 32.99 -> 27.13 (floor) -> 26.14 us (and the loads).
 DSV_KERNEL(SELECT_THREADS) dsv_select_blocks(const float* logits, long long row_stride, int width,
                                              const int32_t* seq_lens, int rep, int bs,
                                              int32_t* cands, long long cand_stride, int K) {
@@ -383,28 +388,54 @@ DSV_KERNEL(SELECT_THREADS) dsv_select_blocks(const float* logits, long long row_
   select_prologue(s);
   RegKeys<SELECT_ITEMS, SELECT_GROUP> keys;
   keys.used = (nb + BLOCK - 1) / BLOCK;
+  // SELECT_BATCH slots' loads go out together (in-range addresses, unguarded), then are used:
+  // a guard around each slot's loads made them one memory round trip each, in turn (16 for
+  // 131072 columns).
 #pragma unroll
-  for (int s2 = 0; s2 < SELECT_ITEMS; ++s2) {
-    const int b = s2 * BLOCK + t;
-    const int c0 = b * bs;
-    uint32_t m = 0;
-    if (s2 < keys.used) {
-      if (vec && c0 + 8 <= col_end) {
-        const float4* p = reinterpret_cast<const float4*>(row + c0);
-        const float4 x = p[0], y = p[1];
-        m = max(max(max(order_key(x.x), order_key(x.y)), max(order_key(x.z), order_key(x.w))),
-                max(max(order_key(y.x), order_key(y.y)), max(order_key(y.z), order_key(y.w))));
-      } else if (b < nb) {
-        m = block_score(row, c0, min(c0 + bs, col_end));
+  for (int q = 0; q < SELECT_ITEMS; q += SELECT_BATCH) {
+    uint32_t m[SELECT_BATCH];
+#pragma unroll
+    for (int j = 0; j < SELECT_BATCH; ++j) m[j] = 0;
+    if (q < keys.used) {
+      if (vec) {
+        float4 x[SELECT_BATCH], y[SELECT_BATCH];
+#pragma unroll
+        for (int j = 0; j < SELECT_BATCH; ++j) {
+          const int c0 = ((q + j) * BLOCK + t) * 8;
+          const float4* p = reinterpret_cast<const float4*>(row + (c0 + 8 <= col_end ? c0 : 0));
+          x[j] = p[0];
+          y[j] = p[1];
+        }
+#pragma unroll
+        for (int j = 0; j < SELECT_BATCH; ++j) {
+          const int b = (q + j) * BLOCK + t, c0 = b * 8;
+          if (c0 + 8 <= col_end)
+            m[j] = max(max(max(order_key(x[j].x), order_key(x[j].y)),
+                           max(order_key(x[j].z), order_key(x[j].w))),
+                       max(max(order_key(y[j].x), order_key(y[j].y)),
+                           max(order_key(y[j].z), order_key(y[j].w))));
+          else if (b < nb)
+            m[j] = block_score(row, c0, col_end);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < SELECT_BATCH; ++j) {
+          const int b = (q + j) * BLOCK + t, c0 = b * bs;
+          if (b < nb) m[j] = block_score(row, c0, min(c0 + bs, col_end));
+        }
       }
-      if (b >= nb) m = 0;
-      if (b == newest && b < nb) m = KEY_POS_INF;  // pinned, as vLLM does, even over NaN
-      if (m <= KEY_NEG_INF) m = 0;                 // a -inf score is no candidate
+#pragma unroll
+      for (int j = 0; j < SELECT_BATCH; ++j) {
+        const int b = (q + j) * BLOCK + t;
+        if (b == newest && b < nb) m[j] = KEY_POS_INF;  // pinned, as vLLM does, even over NaN
+        if (m[j] <= KEY_NEG_INF) m[j] = 0;              // a -inf score is no candidate
+      }
     }
-    keys.k[s2] = m;
+#pragma unroll
+    for (int j = 0; j < SELECT_BATCH; ++j) keys.k[q + j] = m[j];
   }
   int32_t* out_row = cands + r * cand_stride;
-  const uint32_t total = top_k(
+  const uint32_t total = top_k<BLOCK, 2>(
       s, keys, (uint32_t)K, [=](int slot) { return slot * BLOCK + t; },
       [=](uint32_t, int32_t id, uint32_t pos) { out_row[pos] = id; });
   write_tail<BLOCK>(out_row, (int)total, K);

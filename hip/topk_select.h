@@ -213,11 +213,13 @@ __device__ __forceinline__ void select_prologue(Sel<BLOCK>& s) {
 // candidates, those above hi must not exist): a radix select over the key range, whose bins
 // are 2^shift consecutive keys (at most HIST bins), that narrows the range to the k-th key's
 // bin each pass and stops when that bin is taken whole. Each pass is one count and three
-// barriers; hist[pc & 1] is clear when pass pc starts. After max_passes it returns a floor
-// instead: every key in or above the k-th key's bin (gt = that bin's least key - 1).
+// barriers; hist[pc & 1] is clear when pass pc starts. After max_passes, or once the k-th
+// key's bin holds at most `loose` keys (0: never), it returns a floor instead: every key in or
+// above the k-th key's bin (gt = that bin's least key - 1).
 template <int BLOCK, class Keys>
 __device__ __forceinline__ Cut radix_cut(Sel<BLOCK>& s, int& ph, Keys& keys, uint32_t k,
-                                         uint32_t lo, uint32_t hi, int& pc, int max_passes) {
+                                         uint32_t lo, uint32_t hi, int& pc, int max_passes,
+                                         uint32_t loose = 0) {
   uint32_t krem = k;
 #pragma unroll 1
   for (int p = 0;; ++p, ++pc) {
@@ -262,7 +264,7 @@ __device__ __forceinline__ Cut radix_cut(Sel<BLOCK>& s, int& ph, Keys& keys, uin
       ++pc;
       return Cut{least, least, krem, k};
     }
-    if (cnt == krem || p + 1 == max_passes) {  // every key >= the bin's least key
+    if (cnt == krem || p + 1 == max_passes || (loose != 0 && cnt <= loose)) {  // a floor:
       ++pc;
       return Cut{least - 1, 0u, 0u, k};
     }
@@ -318,7 +320,15 @@ __device__ __forceinline__ void emit(Sel<BLOCK>& s, int& ph, Keys& keys, const C
 // no key below F can be taken. If fewer than k keys lie above F, F is the k-th key (ties, -inf
 // rows: no more work). Else the keys above F go to the LDS list with pay(slot) when at most
 // LIST, and are selected and written from there.
-template <int BLOCK, class Keys, class Pay, class Out>
+// FLOOR_PASSES: the floor's histogram passes at most. A second pass runs only while the k-th
+// maximum's bin holds more than k / 8 maxima: a first pass's 256 bins span the maxima's whole
+// range, so one far maximum (layer 20's newest block, pinned to +inf) makes them too coarse.
+// 6 x 16384 block scores, k 2048 (bench_topk's candidate selection, modelled in
+// .carry/topk_select/model.py): one pass leaves 4990-11673 keys above the floor (more than
+// LIST: the register path), two leave 2579-2667. Two passes in every kernel (H200, one A/B
+// run) sped decode dense 6 x 16k 12.40 -> 11.64 us but slowed 32 x 1M 200.7 -> 209.0 and the
+// candidate top-k 18.76 -> 19.70, so only dsv_select_blocks takes them.
+template <int BLOCK, int FLOOR_PASSES = 1, class Keys, class Pay, class Out>
 __device__ __forceinline__ uint32_t top_k(Sel<BLOCK>& s, Keys& keys, uint32_t k, Pay pay,
                                           Out out) {
   constexpr int M = Keys::GROUPS;
@@ -359,7 +369,8 @@ __device__ __forceinline__ uint32_t top_k(Sel<BLOCK>& s, Keys& keys, uint32_t k,
 #pragma unroll
     for (int g = 0; g < M; ++g) maxima.k[g] = mx[g];
     maxima.used = M;
-    const Cut f = radix_cut(s, ph, maxima, k, tlo, thi, pc, 1);
+    const Cut f = radix_cut(s, ph, maxima, k, tlo, thi, pc, FLOOR_PASSES,
+                            FLOOR_PASSES > 1 ? k / 8 : 0u);
     floor = f.need_eq ? f.eq : f.gt + 1;
   }
   // The keys above the floor: how many, their least and greatest.
