@@ -11,7 +11,7 @@ row; the next step's programs read the previous token from those keys. One small
 the last step's tokens. It serves greedy and probabilistic drafts, fp32 and fp64 noise, any batch
 up to the speculator's ``max_num_reqs``, and runs inside vLLM's CUDA graph of the draft step.
 On an H200 it beats vLLM's loop at every batch measured (``benchmarks/bench_markov.py``, graphed,
-5 steps: 1.81x at 1 row, 1.60x at 64, 1.40x at 256), so no batch size sends a step back to the
+5 steps: 1.81x at 1 row, 1.65x at 64, 1.43x at 256), so no batch size sends a step back to the
 loop.
 
 Tokens equal vLLM's wherever the step's logits are bit-equal; a bias may differ from vLLM's in
