@@ -366,9 +366,11 @@ __device__ __noinline__ uint32_t block_score(const float* row, int c0, int c1) {
 // NaN-propagating max of its columns below min(end, width); the newest block (end - 1) / bs is
 // pinned to +inf; the K best blocks whose score is not -inf are written (any order), then -1.
 // end = seq_lens[r / rep] (each draft row of a request uses the request's length). Rows of at
-// most 32768 blocks. Scoring row slices on many workgroups into scratch and selecting in a
-// second launch was slower (6 x 128k, K 2048, H200: 36.2 us, against 31.0 us for this kernel
-// on the previous top-K engine): the K = 2048 select by one workgroup is most of the time.
+// most 32768 blocks. Scoring row slices on many workgroups (1024 blocks each) into scratch and
+// selecting in a second launch: H200, 6 x 128k, K 2048, 20.7 us under graph replay against
+// 26.1 for this kernel, but 32.9 against 27.3 eager (one launch more of host time), and the
+// issue asks one launch; on ROCm vLLM launches the indexer eagerly by default (an eager break
+// of its breakable graph). Not adopted. (On the previous top-K engine: 36.2 against 31.0.)
 // The pinned +inf made the floor's one histogram pass too coarse (4990-11673 of 16384 scores
 // above it, the register path); top_k's floor takes a second pass for it (2579-2667, the LDS
 // list). With the loads issued SELECT_BATCH slots at a time: H200, 6 x 128k, one A/B run,
