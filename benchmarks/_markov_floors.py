@@ -5,8 +5,9 @@
   two kernels a step. What a step costs when it does no arithmetic at all.
 - ``noise``: vLLM's fp32 Gumbel noise alone (``murmur3_uniform32``, ``_log1p_neg_stable``, the
   two logs, from ``vllm/v1/worker/gpu/sample/gumbel.py``) for every (row, token) of a step, with
-  the argmax of each row: one launch a step, no logits, no memory traffic but the winners. What
-  the exact noise costs to issue, whatever the memory does.
+  the argmax of each row: one launch a step, no logits, no memory traffic but the winners (for
+  timing only: nobody reads them). What the exact noise costs to issue, whatever the memory
+  does.
 """
 
 from __future__ import annotations
