@@ -323,9 +323,9 @@ __device__ __forceinline__ void emit(Sel<BLOCK>& s, int& ph, Keys& keys, const C
 // FLOOR_PASSES: the floor's histogram passes at most. A second pass runs only while the k-th
 // maximum's bin holds more than k / 8 maxima: a first pass's 256 bins span the maxima's whole
 // range, so one far maximum (layer 20's newest block, pinned to +inf) makes them too coarse.
-// 6 x 16384 block scores, k 2048 (bench_topk's candidate selection, modelled in
-// .carry/topk_select/model.py): one pass leaves 4990-11673 keys above the floor (more than
-// LIST: the register path), two leave 2579-2667. Two passes in every kernel (H200, one A/B
+// 6 x 16384 block scores, k 2048 (bench_topk's candidate selection, the algorithm modelled in
+// Python on its input): one pass leaves 4990-11673 keys above the floor (more than LIST: the
+// register path), two leave 2579-2667. Two passes in every kernel (H200, one A/B
 // run) sped decode dense 6 x 16k 12.40 -> 11.64 us but slowed 32 x 1M 200.7 -> 209.0 and the
 // candidate top-k 18.76 -> 19.70, so only dsv_select_blocks takes them.
 template <int BLOCK, int FLOOR_PASSES = 1, class Keys, class Pay, class Out>
