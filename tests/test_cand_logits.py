@@ -495,13 +495,20 @@ DENSE_REDUCTION_PER_STAGE_64 = {
 
 
 def compile_gfx942(heads: int, page_size: int, per_row: bool = True):
+    """The kernel as Triton's JIT specializes it for vLLM's tensors: every pointer 16-byte
+    aligned and within 2 GiB (buffer loads), and the strides of q ([tokens, heads, 128] fp8) and
+    of the head weights multiples of 16. Without that, q's tile loads byte by byte."""
     sig = {name: _POINTERS.get(name, "i32") for name in _ARGS}
     constexprs = dict(
         SeqLensIs2D=per_row, StagesPerProgram=1, Heads=heads, HiddenDim=128,
         PageSize=page_size, CandBlock=8,
     )  # fmt: skip
     sig.update(dict.fromkeys(constexprs, "constexpr"))
-    src = GluonASTSource(_cand_kernels._cand_logits_gfx942, sig, constexprs)
+    aligned = [["tt.divisibility", 16], ["tt.pointer_range", 32]]
+    attrs = {(_ARGS.index(name),): aligned for name in _POINTERS}
+    for name in ("stride_q_row", "stride_q_head", "stride_w_row"):
+        attrs[(_ARGS.index(name),)] = [["tt.divisibility", 16]]
+    src = GluonASTSource(_cand_kernels._cand_logits_gfx942, sig, constexprs, attrs)
     options = {"num_warps": cand_logits.NUM_WARPS, "waves_per_eu": cand_logits.WAVES_PER_EU}
     return triton.compile(src, target=GPUTarget("hip", "gfx942", 64), options=options)
 
@@ -523,6 +530,7 @@ def amdgcn_summary(asm: str) -> dict:
     fields += ("private_segment_fixed_size",)
     out = {f: int(re.search(rf"\.{f}:\s+(\d+)", asm).group(1)) for f in fields}
     ops = ("v_mfma_f32_16x16x32_fp8_fp8", "scratch_", *DENSE_REDUCTION_PER_STAGE_64)
+    ops += ("buffer_load_ubyte", "global_load_ubyte")
     out.update({op: len(re.findall(rf"\b{op}", asm)) for op in ops})
     return out
 
@@ -599,6 +607,7 @@ def test_gfx942_kernel_compiles_to_mfma_fp8(builds, heads, page_size):
     assert meta["v_mfma_f32_16x16x32_fp8_fp8"] == heads // 16 * 8 * 4 // 4
     assert meta["vgpr_spill_count"] == meta["sgpr_spill_count"] == 0
     assert meta["private_segment_fixed_size"] == 0 and meta["scratch_"] == 0
+    assert meta["buffer_load_ubyte"] == meta["global_load_ubyte"] == 0  # 16-byte loads
     dense = dense_figures(builds, f"{heads}-{page_size}")
     assert meta["vgpr_count"] + meta["agpr_count"] <= dense["vgpr_count"]
 

@@ -2,11 +2,15 @@
 configuration the GPU path uses (``fused_markov.GPU_CONFIGS``), sampled, greedy and fp64 noise,
 must compile to AMDGCN with no VGPR spills, no scratch and LDS within 64 KiB.
 
-Compiled with Triton 3.8 here (129280 tokens, rank 256; sampled / greedy / fp64 noise): VGPRs
-74-81 at 8 rows (BV 128, 16-row tile), 55-70 at 16, 139-148 at 32 (32-row tile, BK 64), 120-138
-above 32 (BK 32, 4 stages); LDS 8-16 KiB. SGPRs that do not fit go to VGPR lanes, never to
-memory (the scratch check). The H200 runs the same kernels (tests/test_fused_markov_gpu.py); no
-gfx942 has run them yet.
+Each is compiled as Triton's JIT specializes a launch (``SPECS``): with its pointers 16-byte
+aligned and within 2 GiB (DSv4.1's 129280-token rows; AMD buffer loads, ``buffer_load_dwordx4``),
+the same without buffer loads (``AMDGCN_USE_BUFFER_OPS=0``), and with no alignment known (a
+vocabulary that is not a multiple of 8: every bf16 load scalar, ``global_load_ushort``). Triton
+3.8 here, 129280 tokens, rank 256, over the configurations and modes: aligned with buffer loads,
+VGPRs 52-126, LDS 18-36 KiB, and at 256 rows 1773 static instructions sampled (1069 greedy);
+unaligned, VGPRs 55-148, LDS 8-16 KiB, 3316 (2234). SGPRs that do not fit go to VGPR lanes,
+never to memory (the scratch check). The H200 runs the same kernels
+(tests/test_fused_markov_gpu.py); no gfx942 has run them yet.
 """
 
 from __future__ import annotations
@@ -30,8 +34,38 @@ POINTERS = dict(
 )  # fmt: skip
 FIELDS = ("vgpr_count", "vgpr_spill_count", "sgpr_spill_count", "private_segment_fixed_size")
 MODES = {"sampled": (False, False), "greedy": (True, False), "fp64": (False, True)}
-# One build a (configuration, mode): a configuration by the batch it serves (256 for the last).
-BUILDS = [f"{min(top, 256)}-{mode}" for top, _ in F.GPU_CONFIGS for mode in MODES]
+# The int arguments of an even step's launch on a 129280-token vocabulary, 5 draft steps and
+# 256 rows; the JIT marks those that are multiples of 16 (and its pointers, 16-byte aligned).
+INTS = dict(
+    w1_rows=129280, base_stride=5 * 129280, map_stride=5, cache_s0=5 * 129280,
+    cache_s1=129280, tokens_stride=5, win_stride=256, scr_stride=2020, rows=256,
+    vocab=129280, step=2, nb=2020,
+)  # fmt: skip
+# Pointer attributes by specialization: 16-byte aligned ("tt.divisibility") and within 2 GiB
+# ("tt.pointer_range", AMD's buffer loads), aligned alone, or nothing known.
+SPECS = {
+    "jit": [["tt.divisibility", 16], ["tt.pointer_range", 32]],
+    "no-buffer-ops": [["tt.divisibility", 16]],
+    "unaligned": None,
+}
+# One build a (configuration, mode, specialization): a configuration by the batch it serves
+# (256 for the last).
+BUILDS = [
+    f"{min(top, 256)}-{mode}-{spec}" for top, _ in F.GPU_CONFIGS for mode in MODES for spec in SPECS
+]
+
+
+def _attrs(arg_names: list[str], pointer) -> dict:
+    """The argument attributes of a specialization (ASTSource's attrs)."""
+    if pointer is None:
+        return {}
+    attrs = {}
+    for i, name in enumerate(arg_names):
+        if name.endswith("_ptr"):
+            attrs[(i,)] = pointer
+        elif INTS.get(name, 1) % 16 == 0:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return attrs
 
 
 def _compile_all() -> dict:
@@ -54,11 +88,17 @@ def _compile_all() -> dict:
         options = {k: cfg.pop(k) for k in ("num_warps", "num_stages")}
         for mode, (greedy, fp64) in MODES.items():
             consts = dict(cfg, RANK=256, GREEDY=greedy, USE_FP64=fp64, NB_CHUNK=F.NB_CHUNK)
-            src = ASTSource(fn, dict(sig), consts)
-            kernel = triton.compile(src, target=GPUTarget("hip", "gfx942", 64), options=options)
-            asm = kernel.asm["amdgcn"]
-            figures = {f: int(re.search(rf"\.{f}:\s+(\d+)", asm).group(1)) for f in FIELDS}
-            out[f"{rows}-{mode}"] = dict(lds=kernel.metadata.shared, **figures)
+            for spec, pointer in SPECS.items():
+                src = ASTSource(fn, dict(sig), consts, _attrs(fn.arg_names, pointer))
+                target = GPUTarget("hip", "gfx942", 64)
+                kernel = triton.compile(src, target=target, options=options)
+                asm = kernel.asm["amdgcn"]
+                figures = {f: int(re.search(rf"\.{f}:\s+(\d+)", asm).group(1)) for f in FIELDS}
+                figures["instructions"] = len(
+                    re.findall(r"^\s+[vs]_|^\s+(?:ds|global|buffer)_", asm, re.M)
+                )
+                figures["loads"] = sorted(set(re.findall(r"\b(?:global|buffer)_load_\w+", asm)))
+                out[f"{rows}-{mode}-{spec}"] = dict(lds=kernel.metadata.shared, **figures)
     return out
 
 
@@ -84,3 +124,7 @@ def test_gfx942_resources(builds, build):
     assert b["lds"] <= 64 * 1024, b
     # At most 2 waves a SIMD above this (512 VGPRs a lane): too few to hide memory latency.
     assert b["vgpr_count"] <= 168, b
+    if not build.endswith("-unaligned"):
+        # Aligned rows stream markov_w2 and the logits 16 bytes a load, never 2.
+        wide = "buffer_load_dwordx4" if build.endswith("-jit") else "global_load_dwordx4"
+        assert wide in b["loads"] and not any("ushort" in x for x in b["loads"]), b
