@@ -69,15 +69,17 @@ __device__ __forceinline__ int chunk_len(int end, int min_chunk, int max_chunks)
       int32_t *cand_ids, int max_chunks, int min_chunk
 
 // Pass 1 of a chunk: its top 512 go straight to the row's indices when the chunk is the whole
-// row, else to the row's candidate scratch (key and column) for the merge.
-template <int BLOCK, class Keys, class Col>
-__device__ __forceinline__ void chunk_select(Sel<BLOCK>& s, Keys& keys, Col col, int32_t* out_row,
-                                             uint32_t* ck, int32_t* ci, bool direct) {
+// row, else to the row's candidate scratch (key and column) for the merge. col(slot) is a
+// column relative to lo (what the list stores: uint16 in dsv_topk512_chunks).
+template <int BLOCK, class Id, class Keys, class Col>
+__device__ __forceinline__ void chunk_select(Sel<BLOCK, Id>& s, Keys& keys, Col col, int lo,
+                                             int32_t* out_row, uint32_t* ck, int32_t* ci,
+                                             bool direct) {
   int32_t* ids = direct ? out_row : ci;  // one pointer: branches on `direct` around two stores
                                          // are merged into a load from the closure (scratch)
   const uint32_t total = top_k(s, keys, TOPK, col, [=](uint32_t key, int32_t id, uint32_t pos) {
     if (!direct) ck[pos] = key;
-    ids[pos] = id;
+    ids[pos] = lo + id;
   });
   if (direct) write_tail<BLOCK>(out_row, (int)total, TOPK);
 }
@@ -86,7 +88,8 @@ __device__ __forceinline__ void chunk_select(Sel<BLOCK>& s, Keys& keys, Col col,
 // aligned); chunks of CHUNK logits, rows up to 64 * CHUNK (1M) logits.
 DSV_KERNEL(CHUNK_THREADS) dsv_topk512_chunks(TOPK_ARGS) {
   constexpr int BLOCK = CHUNK_THREADS, ITEMS = CHUNK / BLOCK;
-  __shared__ Sel<BLOCK> s;
+  static_assert(CHUNK <= 65536, "a chunk's local columns are uint16_t list ids");
+  __shared__ Sel<BLOCK, uint16_t> s;
   const int r = blockIdx.y, c = blockIdx.x;
   const int end = row_end(seq_lens, causal, next_n, r, width);
   int32_t* out_row = indices + r * idx_stride;
@@ -126,7 +129,7 @@ DSV_KERNEL(CHUNK_THREADS) dsv_topk512_chunks(TOPK_ARGS) {
   }
   const size_t base = ((size_t)r * max_chunks + c) * TOPK;
   chunk_select(
-      s, keys, [=](int slot) { return lo + (((slot >> 2) * BLOCK + t) << 2) + (slot & 3); },
+      s, keys, [=](int slot) { return (((slot >> 2) * BLOCK + t) << 2) + (slot & 3); }, lo,
       out_row, cand_keys + base, cand_ids + base, end <= L);
 }
 
@@ -150,7 +153,7 @@ DSV_KERNEL(STREAM_THREADS) dsv_topk512_chunks_stream(TOPK_ARGS) {
   const int t = threadIdx.x;
   const size_t base = ((size_t)r * max_chunks + c) * TOPK;
   chunk_select(
-      s, keys, [=](int slot) { return lo + slot * BLOCK + t; }, out_row, cand_keys + base,
+      s, keys, [=](int slot) { return slot * BLOCK + t; }, lo, out_row, cand_keys + base,
       cand_ids + base, end <= L);
 }
 

@@ -39,12 +39,15 @@ __device__ __forceinline__ uint32_t order_key(float f) {
   return f != f ? 0xffffffffu : k;  // every NaN ranks above +inf; no key is 0
 }
 
-template <int BLOCK>
+// Id: the type of the list's column ids. dsv_topk512_chunks stores a chunk's local column
+// (< 16384) as uint16_t: 26.4 KiB of LDS in place of 34.6, so two of its workgroups fit a
+// gfx942 CU's 64 KiB (its 94 VGPRs allow two as well); the other kernels keep int32 ids.
+template <int BLOCK, class Id = int32_t>
 struct Sel {
   static constexpr int NWAVES = BLOCK / DSV_WAVE;
   uint32_t hist[2][HIST];  // ping-pong: one pass counts into one while the other is cleared
   uint32_t key[LIST];      // keys above top_k's floor, when few enough
-  int32_t id[LIST];        // and their column ids
+  Id id[LIST];             // and their column ids
   uint32_t part[2][4][NWAVES];
   uint32_t res[2][3];
   uint32_t relay[2][2];  // a second pass's thresholds, see relay()
@@ -70,10 +73,10 @@ __device__ __forceinline__ uint32_t wave_scan(uint32_t x) {  // inclusive
 // barrier: every wave redoes the (short) scan of the wave totals. Consecutive calls of
 // block_scan / block_reduce alternate `ph`'s parity, so that no barrier is needed after the
 // reads; each call advances it.
-template <int BLOCK>
-__device__ __forceinline__ void block_scan(Sel<BLOCK>& s, int& ph, uint32_t& a, uint32_t& b,
+template <int BLOCK, class Id>
+__device__ __forceinline__ void block_scan(Sel<BLOCK, Id>& s, int& ph, uint32_t& a, uint32_t& b,
                                            uint32_t& ta, uint32_t& tb) {
-  constexpr int NW = Sel<BLOCK>::NWAVES;
+  constexpr int NW = Sel<BLOCK, Id>::NWAVES;
   const int buf = ph++ & 1;
   const int lane = dsv_lane(), w = dsv_wave();
   const uint32_t xa = wave_scan(a), xb = wave_scan(b);
@@ -102,10 +105,10 @@ __device__ __forceinline__ void wave_reduce(uint32_t& a, uint32_t& b, uint32_t& 
 }
 
 // Workgroup sums of a and b, max of c, min of d, in every thread, with one barrier.
-template <int BLOCK>
-__device__ __forceinline__ void block_reduce(Sel<BLOCK>& s, int& ph, uint32_t& a, uint32_t& b,
+template <int BLOCK, class Id>
+__device__ __forceinline__ void block_reduce(Sel<BLOCK, Id>& s, int& ph, uint32_t& a, uint32_t& b,
                                              uint32_t& c, uint32_t& d) {
-  constexpr int NW = Sel<BLOCK>::NWAVES;
+  constexpr int NW = Sel<BLOCK, Id>::NWAVES;
   const int buf = ph++ & 1;
   wave_reduce(a, b, c, d);
   const int lane = dsv_lane(), w = dsv_wave();
@@ -204,8 +207,8 @@ struct ListKeys {
 
 // Clears hist[0]; a kernel calls it before loading its keys (top_k's first barrier orders it
 // before the first count).
-template <int BLOCK>
-__device__ __forceinline__ void select_prologue(Sel<BLOCK>& s) {
+template <int BLOCK, class Id>
+__device__ __forceinline__ void select_prologue(Sel<BLOCK, Id>& s) {
   for (int i = threadIdx.x; i < HIST; i += BLOCK) s.hist[0][i] = 0;
 }
 
@@ -216,8 +219,8 @@ __device__ __forceinline__ void select_prologue(Sel<BLOCK>& s) {
 // barriers; hist[pc & 1] is clear when pass pc starts. After max_passes, or once the k-th
 // key's bin holds at most `loose` keys (0: never), it returns a floor instead: every key in or
 // above the k-th key's bin (gt = that bin's least key - 1).
-template <int BLOCK, class Keys>
-__device__ __forceinline__ Cut radix_cut(Sel<BLOCK>& s, int& ph, Keys& keys, uint32_t k,
+template <int BLOCK, class Id, class Keys>
+__device__ __forceinline__ Cut radix_cut(Sel<BLOCK, Id>& s, int& ph, Keys& keys, uint32_t k,
                                          uint32_t lo, uint32_t hi, int& pc, int max_passes,
                                          uint32_t loose = 0) {
   uint32_t krem = k;
@@ -279,8 +282,8 @@ __device__ __forceinline__ Cut radix_cut(Sel<BLOCK>& s, int& ph, Keys& keys, uin
 // SGPRs on gfx942. Thread 0 stores the threshold before the block_scan/block_reduce call of
 // parity `buf` (whose barrier publishes it) and every thread reads it back after: the same
 // value, which the compiler cannot see, so the second pass compares afresh.
-template <int BLOCK>
-__device__ __forceinline__ void relay(Sel<BLOCK>& s, int buf, uint32_t a, uint32_t b) {
+template <int BLOCK, class Id>
+__device__ __forceinline__ void relay(Sel<BLOCK, Id>& s, int buf, uint32_t a, uint32_t b) {
   if (threadIdx.x == 0) {
     s.relay[buf][0] = a;
     s.relay[buf][1] = b;
@@ -289,8 +292,8 @@ __device__ __forceinline__ void relay(Sel<BLOCK>& s, int buf, uint32_t a, uint32
 
 // Calls out(key, pay(slot), position) for each key the cut takes; positions are
 // 0..cut.total-1, from prefix sums of each thread's counts (no atomics).
-template <int BLOCK, class Keys, class Pay, class Out>
-__device__ __forceinline__ void emit(Sel<BLOCK>& s, int& ph, Keys& keys, const Cut cut, Pay pay,
+template <int BLOCK, class Id, class Keys, class Pay, class Out>
+__device__ __forceinline__ void emit(Sel<BLOCK, Id>& s, int& ph, Keys& keys, const Cut cut, Pay pay,
                                      Out out) {
   uint32_t ngt = 0, neq = 0;
   keys.each([&](uint32_t key, int) {
@@ -328,8 +331,8 @@ __device__ __forceinline__ void emit(Sel<BLOCK>& s, int& ph, Keys& keys, const C
 // register path), two leave 2579-2667. Two passes in every kernel (H200, one A/B
 // run) sped decode dense 6 x 16k 12.40 -> 11.64 us but slowed 32 x 1M 200.7 -> 209.0 and the
 // candidate top-k 18.76 -> 19.70, so only dsv_select_blocks takes them.
-template <int BLOCK, int FLOOR_PASSES = 1, class Keys, class Pay, class Out>
-__device__ __forceinline__ uint32_t top_k(Sel<BLOCK>& s, Keys& keys, uint32_t k, Pay pay,
+template <int BLOCK, int FLOOR_PASSES = 1, class Id, class Keys, class Pay, class Out>
+__device__ __forceinline__ uint32_t top_k(Sel<BLOCK, Id>& s, Keys& keys, uint32_t k, Pay pay,
                                           Out out) {
   constexpr int M = Keys::GROUPS;
   int ph = 0, pc = 0;

@@ -2,7 +2,8 @@
 
 It must be an AMDGPU ELF holding every kernel ops/topk.py launches, with no VGPR spills, no
 scratch, LDS within 64 KiB, and argument metadata matching the launcher's packing; and no
-architecture #if may appear outside hip/portability.h.
+architecture #if may appear outside hip/portability.h. The decode chunk kernel, launched once a
+16k chunk (2048 workgroups for 32 rows of 1M), must let two workgroups share a CU.
 """
 
 from __future__ import annotations
@@ -83,6 +84,23 @@ def test_resources(metadata, name):
     # Each kernel is written for exactly its __launch_bounds__ threads (its BLOCK): the launcher
     # must launch that many, no fewer.
     assert k[".max_flat_workgroup_size"] == topk.THREADS[name]
+
+
+# A gfx942 CU: 64 KiB of LDS; 4 SIMDs, each with 512 VGPRs a lane for its waves (granule 8).
+CU_LDS, SIMDS, SIMD_VGPRS, VGPR_GRANULE = 64 * 1024, 4, 512, 8
+
+
+def _workgroups_a_cu(k: dict) -> int:
+    waves = -(-k[".max_flat_workgroup_size"] // k[".wavefront_size"])
+    vgprs = -(-k[".vgpr_count"] // VGPR_GRANULE) * VGPR_GRANULE
+    by_vgprs = SIMDS * (SIMD_VGPRS // vgprs) // waves
+    return min(by_vgprs, CU_LDS // max(k[".group_segment_fixed_size"], 1))
+
+
+def test_decode_chunks_two_workgroups_a_cu(metadata):
+    # With int32 list ids the chunk kernel took 34.6 KiB of LDS: one workgroup a CU, each a
+    # latency-bound chain of barriers. uint16 ids (26.3 KiB, 93 VGPRs) let two share one.
+    assert _workgroups_a_cu(metadata["dsv_topk512_chunks"]) >= 2
 
 
 @pytest.mark.parametrize("name", sorted(topk.KERNELS))
