@@ -66,6 +66,19 @@ __all__ = ["sample_sequential"]
 # - At 1 / 8 rows (one run, against 102 / 114 us for the entries below): 8 warps 112 / 118 us,
 #   2 warps 112 / 129, BK 128 with 2 stages 104 / 119, BK 64 with 2 stages 125 / 121, with 4
 #   stages 107 / 121, BV 256 with BK 32 and 4 stages 135 / 157, BV 256 with 8 warps 119 / 124.
+# - Memory-side variants, one run against the committed kernel (1 / 8 / 16 / 64 / 256 rows:
+#   101.4 / 121.9 / 143.2 / 299.4 / 1050.4 us): markov_w2's loads issued before the embedding's
+#   in the rank loop 101.7 / 122.4 / 144.4 / 302.0 / 1056.0; eviction hints (markov_w2 kept in
+#   L2, base logits and the cache streamed) 101.8 / 122.7 / 142.2 / 302.0 / 1026.7; the whole
+#   rank in one tl.dot with markov_w2's block loaded before the previous token is known (BV 32
+#   to 128, 4 or 8 warps) 139.6-152.0 / 146.8-157.1 / 168.4-184.0 / 364.4 / 1293.3.
+# - Bound-then-verify noise (every token's noise with fast logs, lg2.approx on sm_90, then the
+#   winner of each row of a block recomputed with vLLM's exact noise, the block taken exactly
+#   when another token came within the fast logs' error bound): the same tokens and cached
+#   logits as this kernel on 6 seeds at each batch, GPU tests passed, but slower: 1 / 8 / 64 /
+#   128 / 256 rows 104.1 / 125.1 / 383.4 / 712.3 / 1393.3 us against 100.6 / 124.9 / 303.5 /
+#   533.4 / 1023.9 (same run). ptxas gave it 128 registers a thread against 63 (the tile's
+#   noisy values, approximate values and logits live together), half the programs an SM.
 # Before odd steps ran backwards: at 1 row 3 stages 122 us, 4 stages 121, BK 128 125, BK 32 143;
 # at 256 rows 32-row tiles 1138 us, 64-row tiles 1187 (BV 128, 8 warps: 1220), 128-row 1760.
 # An fp32 product sum in place of tl.dot was far slower (254 us at 1 row, 1523 us at 8); it
