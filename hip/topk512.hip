@@ -14,18 +14,29 @@
 constexpr int TABLE = 4096;             // hash slots for deduplicating <= 2048 candidate blocks
 constexpr uint32_t KEY_POS_INF = 0xff800000u;
 
-// Workgroup shapes: threads, keys a thread (ITEMS), keys a maximum of the floor pass (GROUP:
-// 16384 keys in groups of 8 give 2048 maxima, at least the 512 that a floor needs, and 4x that
-// for a floor close to the 512th key). H200-measured, graph replay, decode 6x16k / 6x128k /
-// 32x128k / 32x1M dense (us), with this code: 512 x 32 keys 12.1 / 21.5 / 33.9 / 201 (the
-// previous engine, 1024 x 16: 13.4 / 26.9 / 41.1 / 237). On an earlier build (list loops
-// unrolled, merge reading ids late): 512 x 32 12.2 / 25.8 / 38.6 / 205; 256 x 64 13.0 / 29.1 /
-// 34.5 / 182 (on sm_90 ptxas holds it to 128 registers and spills); 1024 x 16 13.1 / 29.7 /
-// 43.6 / 225. The per-warp work is a long serial chain (latency and instruction-fetch stalls),
-// so neither fewer nor more warps a workgroup changes much.
+// Workgroup shapes: threads, keys a thread (ITEMS), keys a maximum of the floor pass (GROUP).
+// H200-measured, graph replay, decode 6x16k / 6x128k / 32x128k / 32x1M dense (us), with this
+// code before the groups below: 512 x 32 keys 12.1 / 21.5 / 33.9 / 201 (the previous engine,
+// 1024 x 16: 13.4 / 26.9 / 41.1 / 237). On an earlier build (list loops unrolled, merge reading
+// ids late): 512 x 32 12.2 / 25.8 / 38.6 / 205; 256 x 64 13.0 / 29.1 / 34.5 / 182 (on sm_90
+// ptxas holds it to 128 registers and spills); 1024 x 16 13.1 / 29.7 / 43.6 / 225. The
+// per-warp work is a long serial chain (latency and instruction-fetch stalls), so neither fewer
+// nor more warps a workgroup changes much.
+// CHUNK_GROUP: a chunk's 16384 keys in groups of 16 give 1024 maxima (a partial chunk of at
+// least 2048 keys still gives the 512 a floor needs: each thread's first group holds its first
+// float4). The maxima of 16 random keys seldom straddle zero, so the floor pass's bins are fine
+// and fewer keys pass the floor (a Python model of the algorithm on random rows: 770 against
+// 1696 with groups of 8). One same-run A/B (H200, 8 -> 16, with the 512 x 16 merge below):
+// dense 6x16k / 6x128k / 32x128k / 32x1M 12.32 -> 9.62 / 21.42 -> 18.29 / 33.99 -> 28.96 /
+// 200.5 -> 178.6 us, rows of random lengths (half to all of 128k, 1M) 6x128k 27.5 -> 21.9,
+// 32x1M 162.5 -> 144.7; masked rows 0-8% faster. Groups of 4 were slower everywhere (dense
+// 6x128k 30.3), of 32 slower on dense rows (28.3). The model puts 1-2% of partial chunks of
+// 7000-7600 random keys above the LDS list (the register path); full chunks, none.
+// MERGE: 512 threads x 16 keys against 256 x 32 (the same run, groups of 8): 6x128k dense /
+// masked 21.36 -> 20.37 / 21.88 -> 20.73 us, 32x128k 33.92 -> 33.03.
 constexpr int CHUNK = 16384;  // logits a workgroup of dsv_topk512_chunks holds
-constexpr int CHUNK_THREADS = 512, CHUNK_GROUP = 8;
-constexpr int MERGE_THREADS = 256, MERGE_ITEMS = 32, MERGE_GROUP = 4;  // <= 16 chunks a row
+constexpr int CHUNK_THREADS = 512, CHUNK_GROUP = 16;
+constexpr int MERGE_THREADS = 512, MERGE_ITEMS = 16, MERGE_GROUP = 4;  // <= 16 chunks a row
 constexpr int WIDE_THREADS = 512, WIDE_ITEMS = 64, WIDE_GROUP = 16;   // <= 64 chunks (1M)
 constexpr int STREAM_THREADS = 1024;
 constexpr int SELECT_THREADS = 1024, SELECT_ITEMS = 32, SELECT_GROUP = 4;  // <= 32768 blocks

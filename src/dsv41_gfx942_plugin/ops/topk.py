@@ -44,7 +44,7 @@ TOPK = 512
 # workgroup: THREADS below, measured in hip/topk512.hip.)
 CHUNK = 16384
 MAX_CHUNKS = 64
-# Rows of up to MERGE_CHUNKS chunks merge in dsv_topk512_merge (256 threads), longer ones in
+# Rows of up to MERGE_CHUNKS chunks merge in dsv_topk512_merge (512 threads), longer ones in
 # dsv_topk512_merge_wide (512 threads).
 MERGE_CHUNKS = 16
 # The general path's defaults, vLLM's in-tree gfx942 values: a row is split into one block for
@@ -74,7 +74,7 @@ KERNELS = {
 THREADS = {
     "dsv_topk512_chunks": 512,
     "dsv_topk512_chunks_stream": 1024,
-    "dsv_topk512_merge": 256,
+    "dsv_topk512_merge": 512,
     "dsv_topk512_merge_wide": 512,
     "dsv_topk512_candidates": 512,
     "dsv_topk512_compact": 512,
