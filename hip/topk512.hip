@@ -41,8 +41,13 @@ constexpr int WIDE_THREADS = 512, WIDE_ITEMS = 64, WIDE_GROUP = 16;   // <= 64 c
 constexpr int STREAM_THREADS = 1024;
 constexpr int SELECT_THREADS = 1024, SELECT_ITEMS = 32, SELECT_GROUP = 4;  // <= 32768 blocks
 constexpr int SELECT_BATCH = 2;  // slots a thread whose loads dsv_select_blocks issues together
-constexpr int CAND_THREADS = 512, CAND_ITEMS = 32, CAND_GROUP = 8;  // 16384 columns, 2048 blocks
-constexpr int COMPACT_THREADS = 512, COMPACT_GROUP = 8;
+// CAND_GROUP and COMPACT_GROUP: 16 keys a maximum, as CHUNK_GROUP (1024 maxima; at least 512
+// once a row holds 512 entries, else every key fits the LDS list). H200, same-run A/B against
+// 8: candidate top-k 18.40 -> 16.85 us, compact 12.10 -> 10.53; 32: 18.74 and 19.30. (The
+// merges' groups did not gain: MERGE_GROUP 8 6x128k 18.32 -> 20.22 us, WIDE_GROUP 32 32x1M
+// 179.2 -> 180.0, 64 207.4.)
+constexpr int CAND_THREADS = 512, CAND_ITEMS = 32, CAND_GROUP = 16;  // 16384 columns, 2048 blocks
+constexpr int COMPACT_THREADS = 512, COMPACT_GROUP = 16;
 
 // A row's end as vLLM's decode top-k computes it: 2-D seq_lens (causal == 0) hold one end a
 // row; 1-D ones hold one a request, and draft row r % next_n ends next_n - 1 - r % next_n
@@ -288,7 +293,7 @@ DSV_KERNEL(CAND_THREADS) dsv_topk512_candidates(const float* logits, long long r
   const float* row = logits + r * row_stride;
   // Blocks of 8 whole columns in 16-byte aligned rows (vLLM's layout) are read as two float4:
   // slot s of a thread is column s % 8 of candidate entry (s / 8) * BLOCK + thread, and a
-  // group of the floor pass is one block. Other block sizes read column i = s * BLOCK + thread
+  // group of the floor pass is two blocks. Other block sizes read column i = s * BLOCK + thread
   // of the row's candidate columns alone.
   const bool vec = bs == 8 && width % 8 == 0 && (reinterpret_cast<uintptr_t>(row) & 15) == 0;
   RegKeys<ITEMS, CAND_GROUP> keys;
