@@ -7,7 +7,8 @@ Each figure is the mean device time of one call, measured by replaying a CUDA gr
 "eager" is the mean of back-to-back eager calls (host cost included). Baselines:
 - decode: ``torch.topk(logits[:, :end], 512, sorted=False)`` over the dense row (vLLM's
   ``top_k_per_row_decode`` is not available without vLLM's CUDA build; on gfx942 the issue's
-  anchors give vLLM's figures);
+  anchors give vLLM's figures); "ragged" rows end at seeded random lengths from half the width
+  to all of it, as decode rows do (torch.topk over rows set to -inf past their ends beforehand);
 - candidate top-k: torch's mask of the non-candidate columns to -inf (one scatter) plus topk;
 - candidate selection: torch's block max (amax), the newest-block pin, topk(2048) (vLLM's
   op sequence written in torch);
@@ -59,6 +60,25 @@ def decode_cases():
                 torch.topk(x, 512, dim=-1, sorted=False)
 
             yield f"decode {kind} {rows}x{width}", plugin, base
+    yield from ragged_cases()
+
+
+def ragged_cases():
+    gen = torch.Generator(device=DEV).manual_seed(5)
+    for rows, width in [(6, 131072), (32, 131072), (32, 1 << 20)]:
+        x = torch.randn(rows, width, device=DEV)
+        seq = torch.randint(width // 2, width + 1, (rows, 1), device=DEV, generator=gen)
+        seq = seq.to(torch.int32)
+        idx = torch.empty(rows, 512, dtype=torch.int32, device=DEV)
+        cut = x.masked_fill(torch.arange(width, device=DEV) >= seq, float("-inf"))
+
+        def plugin(x=x, seq=seq, idx=idx):
+            topk.decode_top_k(x, 1, seq, idx, 512)
+
+        def base(cut=cut):
+            torch.topk(cut, 512, dim=-1, sorted=False)
+
+        yield f"decode ragged {rows}x{width}", plugin, base
 
 
 def candidate_cases():
