@@ -45,7 +45,8 @@ constexpr int SELECT_BATCH = 2;  // slots a thread whose loads dsv_select_blocks
 // once a row holds 512 entries, else every key fits the LDS list). H200, same-run A/B against
 // 8: candidate top-k 18.40 -> 16.85 us, compact 12.10 -> 10.53; 32: 18.74 and 19.30. (The
 // merges' groups did not gain: MERGE_GROUP 8 6x128k 18.32 -> 20.22 us, WIDE_GROUP 32 32x1M
-// 179.2 -> 180.0, 64 207.4.)
+// 179.2 -> 180.0, 64 207.4, 8 178.1 -> 178.5. Nor, in another run, did SELECT_BATCH 4 (26.81
+// -> 27.08 us), SELECT_GROUP 8 (33.08) or two floor passes in the chunk kernel (within 1.5%).)
 constexpr int CAND_THREADS = 512, CAND_ITEMS = 32, CAND_GROUP = 16;  // 16384 columns, 2048 blocks
 constexpr int COMPACT_THREADS = 512, COMPACT_GROUP = 16;
 
