@@ -5,7 +5,7 @@
 // workgroup holds its keys in registers and takes its k largest (top_k):
 //  1. a floor from one histogram pass over the maxima of groups of G keys of a thread (at
 //     least k maxima, so at least k keys, are >= it; most keys are below it); when fewer than
-//     k maxima are above -inf (7/8-masked rows), the floor is -inf without that pass;
+//     k maxima are above -inf (7/8-masked rows), over the top two keys of each group;
 //  2. the keys above the floor, with their column ids, are copied to an LDS list (when at most
 //     LIST of them, as in every random, masked or tied row measured), where a range radix
 //     select (8 bits a pass, over the range of the listed keys) finds the exact cut and the
@@ -45,7 +45,7 @@ __device__ __forceinline__ uint32_t order_key(float f) {
 
 // Id: the type of the list's column ids. dsv_topk512_chunks stores a chunk's local column
 // (< 16384) as uint16_t: 26.4 KiB of LDS in place of 34.6, so two of its workgroups fit a
-// gfx942 CU's 64 KiB (its 94 VGPRs allow two as well); the other kernels keep int32 ids.
+// gfx942 CU's 64 KiB (its 111 VGPRs allow two as well); the other kernels keep int32 ids.
 template <int BLOCK, class Id = int32_t>
 struct Sel {
   static constexpr int NWAVES = BLOCK / DSV_WAVE;
@@ -367,10 +367,30 @@ __device__ __forceinline__ uint32_t top_k(Sel<BLOCK, Id>& s, Keys& keys, uint32_
   uint32_t floor = 0;  // count(key >= floor) >= k
   if (nmax >= k && nlive < k) {
     // Fewer than k maxima above -inf (masked rows: 7/8 of a chunk's groups hold only -inf):
-    // the floor pass would return -inf, the least valid key; skip it. That pass made 7/8-masked
-    // rows slower than dense ones, whose list then takes one radix pass fewer (H200: 6 x 16k
-    // masked 13.64 -> 12.14 us, dense 12.30 -> 12.37).
-    floor = KEY_NEG_INF;
+    // a floor from the maxima would be -inf. The top two keys of each group, at least k of
+    // them valid, give one: its k-th largest, as one histogram pass finds it, has k keys at or
+    // above it. Before, such rows skipped the floor and listed every live key (2048 of a 16k
+    // chunk, 2.6 radix passes; H200 then 13.64 -> 12.14 us at 6 x 16k against a floor pass that
+    // returned -inf). Same-run A/B against skipping, masked 6 x 16k / 6 x 128k / 32 x 128k /
+    // 32 x 1M: 12.00 -> 10.32 / 19.91 -> 18.96 / 32.26 -> 29.05 / 203.9 -> 188.6 us; dense
+    // within 1.3% (32 x 1M 178.1 -> 180.3).
+    uint32_t t1[M], t2[M];
+#pragma unroll
+    for (int g = 0; g < M; ++g) t1[g] = t2[g] = 0;
+    keys.each([&](uint32_t key, int slot) {
+      const int g = Keys::group(slot);
+      t2[g] = max(t2[g], min(t1[g], key));
+      t1[g] = max(t1[g], key);
+    });
+    RegKeys<2 * M, 1> top2;
+#pragma unroll
+    for (int g = 0; g < M; ++g) {
+      top2.k[2 * g] = t1[g];
+      top2.k[2 * g + 1] = t2[g];
+    }
+    top2.used = 2 * M;
+    const Cut f = radix_cut(s, ph, top2, k, KEY_NEG_INF, thi, pc, 1);
+    floor = f.need_eq ? f.eq : f.gt + 1;
   } else if (nmax >= k) {
     RegKeys<M, 1> maxima;
 #pragma unroll
