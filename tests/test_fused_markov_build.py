@@ -81,6 +81,8 @@ def _compile_all() -> dict:
         n: POINTERS[n[:-4]] if n.endswith("_ptr") else "constexpr" if n.isupper() else "i32"
         for n in fn.arg_names
     }
+    attrs = {spec: _attrs(fn.arg_names, pointer) for spec, pointer in SPECS.items()}
+    target = GPUTarget("hip", "gfx942", 64)
     out = {}
     for top, _ in F.GPU_CONFIGS:
         rows = min(top, 256)
@@ -88,9 +90,8 @@ def _compile_all() -> dict:
         options = {k: cfg.pop(k) for k in ("num_warps", "num_stages")}
         for mode, (greedy, fp64) in MODES.items():
             consts = dict(cfg, RANK=256, GREEDY=greedy, USE_FP64=fp64, NB_CHUNK=F.NB_CHUNK)
-            for spec, pointer in SPECS.items():
-                src = ASTSource(fn, dict(sig), consts, _attrs(fn.arg_names, pointer))
-                target = GPUTarget("hip", "gfx942", 64)
+            for spec in SPECS:
+                src = ASTSource(fn, dict(sig), consts, attrs[spec])
                 kernel = triton.compile(src, target=target, options=options)
                 asm = kernel.asm["amdgcn"]
                 figures = {f: int(re.search(rf"\.{f}:\s+(\d+)", asm).group(1)) for f in FIELDS}
