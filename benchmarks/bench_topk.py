@@ -4,7 +4,9 @@
 
 Each figure is the mean device time of one call, measured by replaying a CUDA graph that holds
 ``--iters`` calls (so launch overhead on the host is excluded for both sides), after warm-up.
-"eager" is the mean of back-to-back eager calls (host cost included). Baselines:
+"eager" is the mean of back-to-back eager calls (host cost included). "floor": the same
+launches over the same bytes with no selection (``_topk_floors.py``), timed the same way; the
+plugin's time above it is its selecting. Baselines:
 - decode: ``torch.topk(logits[:, :end], 512, sorted=False)`` over the dense row (vLLM's
   ``top_k_per_row_decode`` is not available without vLLM's CUDA build; on gfx942 the issue's
   anchors give vLLM's figures); "ragged" rows end at seeded random lengths from half the width
@@ -25,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+import _topk_floors as floors
 from _timing import graphed, mean_us
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
@@ -59,7 +62,7 @@ def decode_cases():
             def base(x=x):
                 torch.topk(x, 512, dim=-1, sorted=False)
 
-            yield f"decode {kind} {rows}x{width}", plugin, base
+            yield f"decode {kind} {rows}x{width}", plugin, base, floors.decode(x, seq)
     yield from ragged_cases()
 
 
@@ -78,7 +81,7 @@ def ragged_cases():
         def base(cut=cut):
             torch.topk(cut, 512, dim=-1, sorted=False)
 
-        yield f"decode ragged {rows}x{width}", plugin, base
+        yield f"decode ragged {rows}x{width}", plugin, base, floors.decode(x, seq)
 
 
 def candidate_cases():
@@ -98,7 +101,12 @@ def candidate_cases():
         work.scatter_(1, cols, x.gather(1, cols))
         torch.topk(work, 512, dim=-1, sorted=False)
 
-    yield f"candidate top-k {rows}x{k}x{bs} of {width}", plugin, base
+    yield (
+        f"candidate top-k {rows}x{k}x{bs} of {width}",
+        plugin,
+        base,
+        floors.candidate(x, cands, bs),
+    )
 
     ids = torch.arange(rows * k * bs, device=DEV, dtype=torch.int32).view(rows, -1)
     compact = torch.randn(rows, k * bs, device=DEV)
@@ -109,7 +117,7 @@ def candidate_cases():
     def base_c():
         torch.topk(compact, 512, dim=-1, sorted=False)
 
-    yield f"compact top-k {rows}x{k * bs}", plugin_c, base_c
+    yield f"compact top-k {rows}x{k * bs}", plugin_c, base_c, floors.compact(compact, ids)
 
     out = torch.empty(rows, k, dtype=torch.int32, device=DEV)
     ends = torch.full((rows,), width, dtype=torch.int32, device=DEV)
@@ -123,7 +131,7 @@ def candidate_cases():
         top = torch.topk(scores, k, dim=-1)
         torch.where(top.values != float("-inf"), top.indices, -1)
 
-    yield f"candidate selection {rows}x{width}", plugin_s, base_s
+    yield f"candidate selection {rows}x{width}", plugin_s, base_s, floors.selection(x, ends, bs, k)
 
 
 def main() -> int:
@@ -137,15 +145,26 @@ def main() -> int:
     torch.manual_seed(0)
     results = []
     print(f"{torch.cuda.get_device_name()} (torch {torch.__version__})")
-    print(f"{'shape':44s} {'plugin us':>10s} {'torch us':>10s} {'ratio':>7s} {'eager us':>9s}")
-    for name, plugin, base in [*decode_cases(), *candidate_cases()]:
+    print(
+        f"{'shape':44s} {'plugin us':>10s} {'floor us':>9s} {'/floor':>7s} {'torch us':>10s}"
+        f" {'ratio':>7s} {'eager us':>9s}"
+    )
+    for name, plugin, base, floor in [*decode_cases(), *candidate_cases()]:
         p = graph_time_us(plugin, args.iters)
+        f = graph_time_us(floor, args.iters)
         b = graph_time_us(base, max(args.iters // 5, 4))
         e = mean_us(plugin, args.iters)
         results.append(
-            {"shape": name, "plugin_us": p, "torch_us": b, "speedup": b / p, "plugin_eager_us": e}
+            {
+                "shape": name,
+                "plugin_us": p,
+                "floor_us": f,
+                "torch_us": b,
+                "speedup": b / p,
+                "plugin_eager_us": e,
+            }
         )
-        print(f"{name:44s} {p:10.2f} {b:10.2f} {b / p:6.1f}x {e:9.2f}")
+        print(f"{name:44s} {p:10.2f} {f:9.2f} {p / f:6.2f}x {b:10.2f} {b / p:6.1f}x {e:9.2f}")
     if args.json:
         args.json.write_text(
             json.dumps({"device": torch.cuda.get_device_name(), "results": results}, indent=2)

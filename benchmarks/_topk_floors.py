@@ -1,0 +1,147 @@
+"""A floor beside each of ``bench_topk.py``'s plugin figures: the same launches, grids and
+workgroup sizes over the same bytes, with no selection. Triton kernels read what the plugin's
+kernels read (each row's end, the logits, a chunk's candidates, candidate block ids), reduce it
+so that no load can be dropped, and write what the plugin writes (512 keys and ids a chunk, 512
+or 2048 ids a row). A plugin figure is then this floor plus the time its kernels spend
+selecting; a target below a shape's floor is out of reach of that launch structure here.
+
+The structures, as ``ops/topk.py`` launches them:
+- decode: one program a 16384-logit chunk of a row (512 threads); rows of more than one chunk
+  write each chunk's 512 candidates to scratch and a second launch, one program a row, reads
+  them all and writes the row's 512 ids;
+- candidate top-k: one program a row reads its 2048 block ids and the 8 columns of each;
+- compact top-k: one program a row reads 16384 logits and their ids;
+- candidate selection: one launch, one program a row (1024 threads) reads the whole row and
+  writes 2048 block ids (one launch and no traffic between workgroups put a row's every logit
+  through one workgroup).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+CHUNK = 16384  # ops/topk.CHUNK
+TOPK = 512
+CHUNK_WARPS = 512 // 32  # the plugin's workgroup sizes (ops/topk.THREADS), in 32-lane warps
+SELECT_WARPS = 1024 // 32
+
+
+@triton.jit
+def _chunk_floor(x, stride, seq, keys, ids, out, width, nchunks, CHUNK: tl.constexpr,
+                 K: tl.constexpr, DIRECT: tl.constexpr):  # fmt: skip
+    c, r = tl.program_id(0), tl.program_id(1)
+    end = tl.minimum(tl.load(seq + r), width)
+    cols = c * CHUNK + tl.arange(0, CHUNK)
+    v = tl.load(x + r.to(tl.int64) * stride + cols, mask=cols < end, other=float("-inf"))
+    top = tl.max(v, 0)
+    j = tl.arange(0, K)
+    if DIRECT:
+        tl.store(out + r * K + j, tl.where(top > 0, j, -1))
+    else:
+        slot = (r * nchunks + c) * K + j
+        tl.store(keys + slot, top + j)
+        tl.store(ids + slot, c * CHUNK + j)
+
+
+@triton.jit
+def _merge_floor(keys, ids, out, nchunks, NC: tl.constexpr, K: tl.constexpr):
+    r = tl.program_id(0)
+    c = tl.arange(0, NC)[:, None]
+    slot = (r * nchunks + c) * K + tl.arange(0, K)[None, :]
+    live = c < nchunks
+    k = tl.load(keys + slot, mask=live, other=float("-inf"))
+    i = tl.load(ids + slot, mask=live, other=-1)
+    tl.store(out + r * K + tl.arange(0, K), tl.max(tl.where(k > 0, i, -1), 0))
+
+
+@triton.jit
+def _candidate_floor(x, stride, cand, out, NB: tl.constexpr, BS: tl.constexpr, K: tl.constexpr):
+    r = tl.program_id(0)
+    block = tl.load(cand + r * NB + tl.arange(0, NB))
+    cols = block[:, None] * BS + tl.arange(0, BS)[None, :]
+    v = tl.load(x + r.to(tl.int64) * stride + cols, mask=block[:, None] >= 0, other=float("-inf"))
+    top = tl.max(tl.reshape(tl.max(v, 1), [K, NB // K]), 1)
+    tl.store(out + r * K + tl.arange(0, K), tl.where(top > 0, tl.arange(0, K), -1))
+
+
+@triton.jit
+def _compact_floor(x, ids, out, N: tl.constexpr, K: tl.constexpr):
+    r = tl.program_id(0)
+    v = tl.load(x + r * N + tl.arange(0, N))
+    i = tl.load(ids + r * N + tl.arange(0, N))
+    best = tl.max(tl.reshape(tl.where(v > 0, i, -1), [K, N // K]), 1)
+    tl.store(out + r * K + tl.arange(0, K), best)
+
+
+@triton.jit
+def _select_floor(x, stride, seq, out, width, TILE: tl.constexpr, BS: tl.constexpr,
+                  TILES: tl.constexpr):  # fmt: skip
+    r = tl.program_id(0)
+    end = tl.minimum(tl.load(seq + r), width)
+    top = tl.full([TILE], float("-inf"), tl.float32)
+    for t in tl.static_range(TILES):
+        cols = (t * TILE + tl.arange(0, TILE))[:, None] * BS + tl.arange(0, BS)[None, :]
+        v = tl.load(x + r.to(tl.int64) * stride + cols, mask=cols < end, other=float("-inf"))
+        top = tl.maximum(top, tl.max(v, 1))
+    tl.store(out + r * TILE + tl.arange(0, TILE), tl.where(top > 0, tl.arange(0, TILE), -1))
+
+
+def decode(x: torch.Tensor, seq: torch.Tensor):
+    """The decode top-512's launches over ``x`` [rows, width] with row ends ``seq`` [rows]."""
+    rows, width = x.shape
+    nchunks = triton.cdiv(width, CHUNK)
+    keys = torch.empty(rows * nchunks * TOPK, device=x.device)
+    ids = torch.empty(rows * nchunks * TOPK, dtype=torch.int32, device=x.device)
+    out = torch.empty(rows, TOPK, dtype=torch.int32, device=x.device)
+    seq = seq.reshape(-1)
+
+    def run():
+        _chunk_floor[(nchunks, rows)](
+            x, x.stride(0), seq, keys, ids, out, width, nchunks,
+            CHUNK=CHUNK, K=TOPK, DIRECT=nchunks == 1, num_warps=CHUNK_WARPS,
+        )  # fmt: skip
+        if nchunks > 1:
+            nc = triton.next_power_of_2(nchunks)
+            _merge_floor[(rows,)](keys, ids, out, nchunks, NC=nc, K=TOPK, num_warps=CHUNK_WARPS)
+
+    return run
+
+
+def candidate(x: torch.Tensor, cands: torch.Tensor, block_size: int):
+    """The candidate top-k's launch: ``cands`` [rows, 2048] block ids of ``x``'s rows."""
+    out = torch.empty(x.shape[0], TOPK, dtype=torch.int32, device=x.device)
+    grid, nb = (x.shape[0],), cands.shape[1]
+
+    def run():
+        _candidate_floor[grid](
+            x, x.stride(0), cands, out, NB=nb, BS=block_size, K=TOPK, num_warps=CHUNK_WARPS
+        )
+
+    return run
+
+
+def compact(x: torch.Tensor, ids: torch.Tensor):
+    """The compact top-512's launch over ``x`` [rows, n] and its ids."""
+    out = torch.empty(x.shape[0], TOPK, dtype=torch.int32, device=x.device)
+
+    def run():
+        _compact_floor[(x.shape[0],)](x, ids, out, N=x.shape[1], K=TOPK, num_warps=CHUNK_WARPS)
+
+    return run
+
+
+def selection(x: torch.Tensor, seq: torch.Tensor, block_size: int, k: int):
+    """Layer 20's selection launch: the block maxima of each row of ``x``, ``k`` ids written."""
+    rows, width = x.shape
+    out = torch.empty(rows, k, dtype=torch.int32, device=x.device)
+    tiles = triton.cdiv(width // block_size, k)
+
+    def run():
+        _select_floor[(rows,)](
+            x, x.stride(0), seq, out, width,
+            TILE=k, BS=block_size, TILES=tiles, num_warps=SELECT_WARPS,
+        )  # fmt: skip
+
+    return run
