@@ -107,34 +107,37 @@ DSV_KERNEL(CHUNK_THREADS) dsv_topk512_chunks(TOPK_ARGS) {
   constexpr int BLOCK = CHUNK_THREADS, ITEMS = CHUNK / BLOCK;
   static_assert(CHUNK <= 65536, "a chunk's local columns are uint16_t list ids");
   __shared__ Sel<BLOCK, uint16_t> s;
-  const int r = blockIdx.y, c = blockIdx.x;
+  const int r = blockIdx.y, c = blockIdx.x, t = threadIdx.x;
+  // Chunks of CHUNK logits: the launcher passes min_chunk = CHUNK and max_chunks = the width's
+  // chunks, so chunk_len() is CHUNK whatever the row's end. The loads therefore go out before
+  // that end is read (bounded by the width), and the end's read waits on memory beside them,
+  // not ahead of them; a partial float4 (the width's last) is re-read by elements. With the
+  // merge's early reads below (H200, same-run A/B against reading the end first): dense
+  // 6x16k 9.63 -> 9.28 us, 6x128k 18.36 -> 18.22, 32x1M 181.1 -> 169.4, masked 32x1M 190.5 ->
+  // 178.3, ragged 32x1M 146.5 -> 141.1; gfx942 VGPRs 111 -> 99.
+  const int lo = c * CHUNK, whi = min(lo + CHUNK, width);
+  const float* row = logits + r * row_stride;
+  float4 v[ITEMS / 4];
+#pragma unroll
+  for (int q = 0; q < ITEMS / 4; ++q) {
+    const int c0 = lo + ((q * BLOCK + t) << 2);
+    v[q] = *reinterpret_cast<const float4*>(row + (c0 + 3 < whi ? c0 : 0));
+  }
   const int end = row_end(seq_lens, causal, next_n, r, width);
   int32_t* out_row = indices + r * idx_stride;
   if (end <= TOPK) {
     if (c == 0) write_iota<BLOCK>(out_row, end, TOPK);
     return;
   }
-  const int L = chunk_len(end, min_chunk, max_chunks);  // == CHUNK on this path
-  const int lo = c * L;
   if (lo >= end) return;
-  const int hi = min(lo + L, end);
-  const float* row = logits + r * row_stride;
-  const int t = threadIdx.x;
+  const int hi = min(lo + CHUNK, end);
   select_prologue(s);
   RegKeys<ITEMS, CHUNK_GROUP> keys;
   keys.used = ITEMS;
-  // All loads go out before any is used; a partial float4 (the row's last) is re-read by
-  // elements.
-  float4 v[ITEMS / 4];
 #pragma unroll
   for (int q = 0; q < ITEMS / 4; ++q) {
     const int c0 = lo + ((q * BLOCK + t) << 2);
-    v[q] = *reinterpret_cast<const float4*>(row + (c0 + 3 < hi ? c0 : 0));
-  }
-#pragma unroll
-  for (int q = 0; q < ITEMS / 4; ++q) {
-    const int c0 = lo + ((q * BLOCK + t) << 2);
-    if (c0 + 3 >= hi) {
+    if (c0 + 3 >= whi) {
       v[q].x = c0 < hi ? row[c0] : 0.f;
       v[q].y = c0 + 1 < hi ? row[c0 + 1] : 0.f;
       v[q].z = c0 + 2 < hi ? row[c0 + 2] : 0.f;
@@ -147,7 +150,7 @@ DSV_KERNEL(CHUNK_THREADS) dsv_topk512_chunks(TOPK_ARGS) {
   const size_t base = ((size_t)r * max_chunks + c) * TOPK;
   chunk_select(
       s, keys, [=](int slot) { return (((slot >> 2) * BLOCK + t) << 2) + (slot & 3); }, lo,
-      out_row, cand_keys + base, cand_ids + base, end <= L);
+      out_row, cand_keys + base, cand_ids + base, end <= CHUNK);
 }
 
 // The general path: any alignment, chunks of chunk_len(end, min_chunk, max_chunks) logits read
@@ -175,39 +178,55 @@ DSV_KERNEL(STREAM_THREADS) dsv_topk512_chunks_stream(TOPK_ARGS) {
 }
 
 // Pass 2: a row's chunk candidates (up to ITEMS * BLOCK / 512 chunks of 512) down to its 512.
-// IDS: the column ids are read with the keys (a taken key's id read then would wait for
-// memory in turn), where registers allow (not at 64 keys a thread: sm_90 spills).
-template <int BLOCK, int ITEMS, int G, bool IDS>
+// EARLY: the keys and column ids of all max_chunks chunks are read before the row's end is
+// known, so that the end's read waits on memory beside them (slots that hold no candidate are
+// cleared after), and a taken key's id is not read from memory in turn at the end. Where
+// registers allow: not at 64 keys a thread, which reads its keys once the end is known and its
+// ids when taken (its keys read early took 196 gfx942 VGPRs, not 102, and spilled SGPRs; its
+// ids kept in registers spill on sm_90).
+template <int BLOCK, int ITEMS, int G, bool EARLY>
 __device__ __forceinline__ void merge(Sel<BLOCK>& s, TOPK_ARGS) {
-  const int r = blockIdx.x;
+  const int r = blockIdx.x, t = threadIdx.x;
+  const size_t base = (size_t)r * max_chunks * TOPK;
+  const uint32_t* ck = cand_keys + base;
+  const int32_t* ci = cand_ids + base;
+  RegKeys<ITEMS, G> keys;
+  int32_t ids[EARLY ? ITEMS : 1];
+  if constexpr (EARLY) {
+    const int nmax = max_chunks * TOPK, used = (nmax + BLOCK - 1) / BLOCK;
+#pragma unroll
+    for (int s2 = 0; s2 < ITEMS; ++s2) {
+      const int p = s2 * BLOCK + t;
+      const bool in = s2 < used && p < nmax;
+      keys.k[s2] = in ? ck[p] : 0u;
+      ids[s2] = in ? ci[p] : 0;
+    }
+  }
   const int end = row_end(seq_lens, causal, next_n, r, width);
   const int L = chunk_len(end, min_chunk, max_chunks);
   if (end <= TOPK || end <= L) return;  // pass 1 wrote the row
   const int nch = (end + L - 1) / L;
   const int n = nch * TOPK;
-  const size_t base = (size_t)r * max_chunks * TOPK;
-  const uint32_t* ck = cand_keys + base;
-  const int32_t* ci = cand_ids + base;
-  const int t = threadIdx.x;
   select_prologue(s);
-  RegKeys<ITEMS, G> keys;
   keys.used = (n + BLOCK - 1) / BLOCK;
-  int32_t ids[IDS ? ITEMS : 1];
 #pragma unroll
   for (int s2 = 0; s2 < ITEMS; ++s2) {
     const int p = s2 * BLOCK + t;
     const int ch = p / TOPK, j = p % TOPK;
     const int len = min(L, end - ch * L);  // this chunk wrote min(len, 512) candidates
     const bool ok = p < n && j < len;
-    keys.k[s2] = 0u;
-    if (s2 < keys.used) keys.k[s2] = ok ? ck[p] : 0u;
-    if constexpr (IDS) ids[s2] = s2 < keys.used && ok ? ci[p] : 0;
+    if constexpr (EARLY) {
+      if (!ok) keys.k[s2] = 0u;
+    } else {
+      keys.k[s2] = 0u;
+      if (s2 < keys.used) keys.k[s2] = ok ? ck[p] : 0u;
+    }
   }
   int32_t* out_row = indices + r * idx_stride;
   top_k(
       s, keys, TOPK,
       [&ids, ci, t](int slot) {
-        if constexpr (IDS) return ids[slot];
+        if constexpr (EARLY) return ids[slot];
         return ci[slot * BLOCK + t];
       },
       [=](uint32_t, int32_t id, uint32_t pos) { out_row[pos] = id; });
@@ -250,6 +269,15 @@ DSV_KERNEL(CAND_THREADS) dsv_topk512_candidates(const float* logits, long long r
   __shared__ int32_t blocks[TABLE / 2];
   __shared__ int32_t bs_relay;
   const int r = blockIdx.x, t = threadIdx.x;
+  // The thread's candidate entries (q * BLOCK + t) are read before the row's end, as in
+  // dsv_topk512_chunks (H200, same-run A/B: 15.95 -> 15.81 us). Reading their columns then too,
+  // before the deduplication, was slower (15.94 -> 17.65 us).
+  constexpr int ENTRIES = ITEMS / 8;
+  static_assert(ENTRIES * BLOCK >= TABLE / 2, "a thread reads all its candidate entries");
+  const int32_t* crow = cands + r * cand_stride;
+  int32_t entry[ENTRIES];
+#pragma unroll
+  for (int q = 0; q < ENTRIES; ++q) entry[q] = q * BLOCK + t < ncand ? crow[q * BLOCK + t] : -1;
   const int end = row_end(seq_lens, causal, next_n, r, width);
   int32_t* out_row = indices + r * idx_stride;
   if (end <= TOPK) {
@@ -257,15 +285,16 @@ DSV_KERNEL(CAND_THREADS) dsv_topk512_candidates(const float* logits, long long r
     return;
   }
   if (t == 0) bs_relay = bs;
-  // Deduplicate the candidate blocks: a block id keeps its lowest slot (hash table in LDS).
-  const int32_t* crow = cands + r * cand_stride;
+  // Deduplicate the candidate blocks: a block id keeps its lowest slot (hash table in LDS), so
+  // the output's order does not depend on the order of the atomics.
   for (int i = t; i < TABLE; i += BLOCK) {
     u.table.key[i] = -1;
     u.table.slot[i] = 0x7fffffff;
   }
-  for (int i = t; i < ncand; i += BLOCK) {
-    const int32_t b = crow[i];
-    blocks[i] = (b >= 0 && (long long)b * bs < end) ? b : -1;
+#pragma unroll
+  for (int q = 0; q < ENTRIES; ++q) {
+    const int32_t b = entry[q];
+    if (q * BLOCK + t < ncand) blocks[q * BLOCK + t] = b >= 0 && (long long)b * bs < end ? b : -1;
   }
   __syncthreads();
   for (int i = t; i < ncand; i += BLOCK) {
@@ -347,25 +376,31 @@ DSV_KERNEL(COMPACT_THREADS) dsv_topk512_compact(const float* logits, long long r
   constexpr int BLOCK = COMPACT_THREADS, ITEMS = CHUNK / BLOCK;
   __shared__ Sel<BLOCK> s;
   const int r = blockIdx.x, t = threadIdx.x;
+  const float* row = logits + r * row_stride;
+  const int32_t* id_row = ids + r * ids_stride;
+  // The entries are read before the row's end, as in dsv_topk512_chunks (H200, same-run
+  // A/B: 10.77 -> 10.29 us).
+  int32_t id[ITEMS];  // kept, as in dsv_topk512_merge
+  float v[ITEMS];
+#pragma unroll
+  for (int s2 = 0; s2 < ITEMS; ++s2) {
+    const int i = s2 * BLOCK + t;
+    id[s2] = id_row[i < len ? i : 0];
+    v[s2] = row[i < len ? i : 0];
+  }
   const int end = row_end(seq_lens, causal, next_n, r, 0x7fffffff);
   int32_t* out_row = indices + r * idx_stride;
   if (end <= TOPK) {
     write_iota<BLOCK>(out_row, end, TOPK);
     return;
   }
-  const float* row = logits + r * row_stride;
-  const int32_t* id_row = ids + r * ids_stride;
   select_prologue(s);
   RegKeys<ITEMS, COMPACT_GROUP> keys;
   keys.used = ITEMS;  // as in dsv_topk512_candidates
-  int32_t id[ITEMS];  // kept, as in dsv_topk512_merge
 #pragma unroll
   for (int s2 = 0; s2 < ITEMS; ++s2) {
-    const int i = s2 * BLOCK + t;
-    const bool in = i < len;
-    id[s2] = id_row[in ? i : 0];
-    const float v = row[in ? i : 0];
-    keys.k[s2] = (in && id[s2] >= 0) ? order_key(v) : 0u;
+    const bool in = s2 * BLOCK + t < len;
+    keys.k[s2] = (in && id[s2] >= 0) ? order_key(v[s2]) : 0u;
   }
   const uint32_t total = top_k(
       s, keys, TOPK, [&id](int slot) { return id[slot]; },

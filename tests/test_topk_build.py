@@ -99,7 +99,7 @@ def _workgroups_a_cu(k: dict) -> int:
 
 def test_decode_chunks_two_workgroups_a_cu(metadata):
     # With int32 list ids the chunk kernel took 34.6 KiB of LDS: one workgroup a CU, each a
-    # latency-bound chain of barriers. uint16 ids (26.3 KiB, 111 VGPRs) let two share one.
+    # latency-bound chain of barriers. uint16 ids (26.3 KiB, 99 VGPRs) let two share one.
     assert _workgroups_a_cu(metadata["dsv_topk512_chunks"]) >= 2
 
 
@@ -121,6 +121,14 @@ ARCH_MACRO = re.compile(
     r"__HIPCC__|__NVPTX__|__SPIRV__|DSV_WAVE|__AMDGPU\w*|__HIP_DEVICE_COMPILE__)",
     re.MULTILINE,
 )
+
+
+def test_launcher_chunk_is_the_kernels():
+    """dsv_topk512_chunks takes chunks of its CHUNK logits whatever the launch's min_chunk (its
+    loads go out before the row's end is read), and the merge splits rows by the launch's
+    min_chunk: the two must agree."""
+    found = re.findall(r"constexpr int CHUNK = (\d+);", (HIP / "topk512.hip").read_text())
+    assert found == [str(topk.CHUNK)]
 
 
 def arch_conditionals(text: str) -> list[str]:

@@ -156,7 +156,9 @@ def test_candidates(emu):
     g = torch.Generator().manual_seed(6)
     cands = torch.randperm(width // bs, generator=g)[:2048].int().view(1, -1)
     cands[0, 100:200] = -1
-    cands[0, 1::97] = cands[0, 0]  # duplicates
+    cands[0, 1::97] = cands[0, 0]  # duplicates, of a block the top 512 takes whole
+    first = int(cands[0, 0]) * bs
+    x[0, first : first + bs] = 1e30
     idx = out(1)
     assert topk.candidate_top_k(x, 1, lens([131000]), cands, bs, idx, 512)
     ref.check_candidates(x, 1, lens([131000]), cands, bs, idx, f"wave{emu} candidates")
@@ -169,6 +171,9 @@ def test_candidates_block_size_not_8(emu):
     g = torch.Generator().manual_seed(7)
     cands = torch.randperm(width // bs, generator=g)[:2048].int().view(1, -1)
     cands[0, :50] = -1
+    cands[0, 60::89] = cands[0, 50]  # duplicates, of a block the top 512 takes whole
+    first = int(cands[0, 50]) * bs
+    x[0, first : first + bs] = 1e30
     idx = out(1)
     assert topk.candidate_top_k(x, 1, lens([19999]), cands, bs, idx, 512)
     ref.check_candidates(x, 1, lens([19999]), cands, bs, idx, f"wave{emu} candidates bs 4")

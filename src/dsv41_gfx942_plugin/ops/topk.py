@@ -41,7 +41,8 @@ TOPK = 512
 # to 64 chunks of 512 candidates a row: rows of up to 1M logits. H200-measured (graph replay,
 # 6x16k / 6x128k / 32x128k / 6x256k rows), with 1024-thread workgroups: 16384-logit chunks
 # 13.8 / 26.5 / 41.0 / 28.6 us; 8192-logit chunks 22.6 / 24.8 / 56.2 / 38.0 us. (Threads a
-# workgroup: THREADS below, measured in hip/topk512.hip.)
+# workgroup: THREADS below, measured in hip/topk512.hip.) hip/topk512.hip's CHUNK, which the
+# chunk kernel takes whatever min_chunk says (tests/test_topk_build.py checks they agree).
 CHUNK = 16384
 MAX_CHUNKS = 64
 # Rows of up to MERGE_CHUNKS chunks merge in dsv_topk512_merge (512 threads), longer ones in
