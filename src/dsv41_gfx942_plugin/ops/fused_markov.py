@@ -71,7 +71,11 @@ __all__ = ["sample_sequential"]
 #   in the rank loop 101.7 / 122.4 / 144.4 / 302.0 / 1056.0; eviction hints (markov_w2 kept in
 #   L2, base logits and the cache streamed) 101.8 / 122.7 / 142.2 / 302.0 / 1026.7; the whole
 #   rank in one tl.dot with markov_w2's block loaded before the previous token is known (BV 32
-#   to 128, 4 or 8 warps) 139.6-152.0 / 146.8-157.1 / 168.4-184.0 / 364.4 / 1293.3.
+#   to 128, 4 or 8 warps) 139.6-152.0 / 146.8-157.1 / 168.4-184.0 / 364.4 / 1293.3. The
+#   epilogue's reads (base logits, requests, temperatures, seeds, positions) issued before the
+#   rank loop, not after it (another run, 1 / 8 / 16 / 32 / 64 / 256 rows, against 101.5 /
+#   125.5 / 143.6 / 192.4 / 304.6 / 1030.7 us): 108.1 / 124.9 / 141.8 / 213.3 / 359.1 / 1218.2,
+#   same tokens and cached logits; on gfx942 the 32-row tiles needed 170-179 VGPRs.
 # - Bound-then-verify noise (every token's noise with fast logs, lg2.approx on sm_90, then the
 #   winner of each row of a block recomputed with vLLM's exact noise, the block taken exactly
 #   when another token came within the fast logs' error bound): the same tokens and cached
