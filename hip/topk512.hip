@@ -34,6 +34,13 @@ constexpr uint32_t KEY_POS_INF = 0xff800000u;
 // 7000-7600 random keys above the LDS list (the register path); full chunks, none.
 // MERGE: 512 threads x 16 keys against 256 x 32 (the same run, groups of 8): 6x128k dense /
 // masked 21.36 -> 20.37 / 21.88 -> 20.73 us, 32x128k 33.92 -> 33.03.
+// Not adopted: a floor handed from the chunks to the merge, which then skipped its floor pass
+// (each chunk wrote the least key of its ceil(512 * len / end)-th key's bin from its list's
+// first radix pass; at least 512 candidates are >= the least of them). H200, same-run A/B:
+// 6x128k dense / masked 18.18 -> 17.34 / 18.76 -> 17.19 us, but 6x16k 9.28 -> 9.67, 32x1M
+// 169.4 -> 176.9, rows of random lengths 6x128k 19.26 -> 21.70 (a short last chunk's coarse
+// bins pull the least bound down), and the wide merge's own floor (about 590 candidates above
+// it, modelled) beats the chunks' (about 1060).
 constexpr int CHUNK = 16384;  // logits a workgroup of dsv_topk512_chunks holds
 constexpr int CHUNK_THREADS = 512, CHUNK_GROUP = 16;
 constexpr int MERGE_THREADS = 512, MERGE_ITEMS = 16, MERGE_GROUP = 4;  // <= 16 chunks a row
