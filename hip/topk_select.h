@@ -228,6 +228,9 @@ __device__ __forceinline__ void select_prologue(Sel<BLOCK, Id>& s) {
 // next pass). H200, same-run A/B: 10-17% slower everywhere (dense 6x16k 9.28 -> 10.42 us,
 // 6x128k 18.19 -> 20.74, 32x1M 169.3 -> 188.1); each of 16 waves reading all 256 bins, with
 // lanes 8 words apart (bank conflicts, presumably), cost more than the two barriers it saved.
+// Nor did wave 0 alone finding the bin and publishing it (two barriers a pass): 2-3% slower
+// (6x16k 9.22 -> 9.43 us, 6x128k 18.18 -> 18.70, 32x1M 169.4 -> 173.2, selection 26.59 ->
+// 27.43); one wave's serial scan of 256 bins outlasts the workgroup scan and its barrier.
 template <int BLOCK, class Id, class Keys>
 __device__ __forceinline__ Cut radix_cut(Sel<BLOCK, Id>& s, int& ph, Keys& keys, uint32_t k,
                                          uint32_t lo, uint32_t hi, int& pc, int max_passes,
