@@ -22,10 +22,12 @@ import torch
 import triton
 import triton.language as tl
 
-CHUNK = 16384  # ops/topk.CHUNK
-TOPK = 512
-CHUNK_WARPS = 512 // 32  # the plugin's workgroup sizes (ops/topk.THREADS), in 32-lane warps
-SELECT_WARPS = 1024 // 32
+from dsv41_gfx942_plugin.ops.topk import CHUNK, MERGE_CHUNKS, THREADS, TOPK
+
+
+def _warps(kernel: str, t: torch.Tensor) -> int:
+    """Triton's num_warps for the workgroup size of the plugin's ``kernel`` on t's device."""
+    return THREADS[kernel] // torch.cuda.get_device_properties(t.device).warp_size
 
 
 @triton.jit
@@ -96,15 +98,17 @@ def decode(x: torch.Tensor, seq: torch.Tensor):
     ids = torch.empty(rows * nchunks * TOPK, dtype=torch.int32, device=x.device)
     out = torch.empty(rows, TOPK, dtype=torch.int32, device=x.device)
     seq = seq.reshape(-1)
+    merge = "dsv_topk512_merge" if nchunks <= MERGE_CHUNKS else "dsv_topk512_merge_wide"
+    chunk_warps, merge_warps = _warps("dsv_topk512_chunks", x), _warps(merge, x)
 
     def run():
         _chunk_floor[(nchunks, rows)](
             x, x.stride(0), seq, keys, ids, out, width, nchunks,
-            CHUNK=CHUNK, K=TOPK, DIRECT=nchunks == 1, num_warps=CHUNK_WARPS,
+            CHUNK=CHUNK, K=TOPK, DIRECT=nchunks == 1, num_warps=chunk_warps,
         )  # fmt: skip
         if nchunks > 1:
             nc = triton.next_power_of_2(nchunks)
-            _merge_floor[(rows,)](keys, ids, out, nchunks, NC=nc, K=TOPK, num_warps=CHUNK_WARPS)
+            _merge_floor[(rows,)](keys, ids, out, nchunks, NC=nc, K=TOPK, num_warps=merge_warps)
 
     return run
 
@@ -113,10 +117,11 @@ def candidate(x: torch.Tensor, cands: torch.Tensor, block_size: int):
     """The candidate top-k's launch: ``cands`` [rows, 2048] block ids of ``x``'s rows."""
     out = torch.empty(x.shape[0], TOPK, dtype=torch.int32, device=x.device)
     grid, nb = (x.shape[0],), cands.shape[1]
+    warps = _warps("dsv_topk512_candidates", x)
 
     def run():
         _candidate_floor[grid](
-            x, x.stride(0), cands, out, NB=nb, BS=block_size, K=TOPK, num_warps=CHUNK_WARPS
+            x, x.stride(0), cands, out, NB=nb, BS=block_size, K=TOPK, num_warps=warps
         )
 
     return run
@@ -125,9 +130,10 @@ def candidate(x: torch.Tensor, cands: torch.Tensor, block_size: int):
 def compact(x: torch.Tensor, ids: torch.Tensor):
     """The compact top-512's launch over ``x`` [rows, n] and its ids."""
     out = torch.empty(x.shape[0], TOPK, dtype=torch.int32, device=x.device)
+    warps = _warps("dsv_topk512_compact", x)
 
     def run():
-        _compact_floor[(x.shape[0],)](x, ids, out, N=x.shape[1], K=TOPK, num_warps=CHUNK_WARPS)
+        _compact_floor[(x.shape[0],)](x, ids, out, N=x.shape[1], K=TOPK, num_warps=warps)
 
     return run
 
@@ -137,11 +143,12 @@ def selection(x: torch.Tensor, seq: torch.Tensor, block_size: int, k: int):
     rows, width = x.shape
     out = torch.empty(rows, k, dtype=torch.int32, device=x.device)
     tiles = triton.cdiv(width // block_size, k)
+    warps = _warps("dsv_select_blocks", x)
 
     def run():
         _select_floor[(rows,)](
             x, x.stride(0), seq, out, width,
-            TILE=k, BS=block_size, TILES=tiles, num_warps=SELECT_WARPS,
+            TILE=k, BS=block_size, TILES=tiles, num_warps=warps,
         )  # fmt: skip
 
     return run

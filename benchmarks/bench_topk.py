@@ -27,10 +27,10 @@ from pathlib import Path
 
 import torch
 
-import _topk_floors as floors
 from _timing import graphed, mean_us
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+import _topk_floors as floors  # noqa: E402
 from dsv41_gfx942_plugin.ops import topk  # noqa: E402
 
 DEV = "cuda"
