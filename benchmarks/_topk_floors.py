@@ -1,14 +1,16 @@
 """A floor beside each of ``bench_topk.py``'s plugin figures: the same launches, grids and
 workgroup sizes over the same bytes, with no selection. Triton kernels read what the plugin's
 kernels read (each row's end, the logits, a chunk's candidates, candidate block ids), reduce it
-so that no load can be dropped, and write what the plugin writes (512 keys and ids a chunk, 512
-or 2048 ids a row). A plugin figure is then this floor plus the time its kernels spend
-selecting; a target below a shape's floor is out of reach of that launch structure here.
+so that no load can be dropped, and write what the plugin writes (a chunk's candidate slots of
+keys and ids, 512 or 2048 ids a row). A plugin figure is then this floor plus the time its
+kernels spend selecting; a target below a shape's floor is out of reach of that launch
+structure here.
 
 The structures, as ``ops/topk.py`` launches them:
 - decode: one program a 16384-logit chunk of a row (512 threads); rows of more than one chunk
-  write each chunk's 512 candidates to scratch and a second launch, one program a row, reads
-  them all and writes the row's 512 ids;
+  write each chunk's candidate slots (``chunk_slots``: 1024 in launches of at most 8 chunks a
+  row, else 512) to scratch and a second launch, one program a row, reads them all and writes
+  the row's 512 ids;
 - candidate top-k: one program a row reads its 2048 block ids and the 8 columns of each;
 - compact top-k: one program a row reads 16384 logits and their ids;
 - candidate selection: one launch, one program a row (1024 threads) reads the whole row and
@@ -22,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv41_gfx942_plugin.ops.topk import CHUNK, MERGE_CHUNKS, THREADS, TOPK
+from dsv41_gfx942_plugin.ops.topk import CHUNK, MERGE_CHUNKS, THREADS, TOPK, chunk_slots
 
 
 def _warps(kernel: str, t: torch.Tensor) -> int:
@@ -32,30 +34,32 @@ def _warps(kernel: str, t: torch.Tensor) -> int:
 
 @triton.jit
 def _chunk_floor(x, stride, seq, keys, ids, out, width, nchunks, CHUNK: tl.constexpr,
-                 K: tl.constexpr, DIRECT: tl.constexpr):  # fmt: skip
+                 K: tl.constexpr, SLOTS: tl.constexpr, DIRECT: tl.constexpr):  # fmt: skip
     c, r = tl.program_id(0), tl.program_id(1)
     end = tl.minimum(tl.load(seq + r), width)
     cols = c * CHUNK + tl.arange(0, CHUNK)
     v = tl.load(x + r.to(tl.int64) * stride + cols, mask=cols < end, other=float("-inf"))
     top = tl.max(v, 0)
-    j = tl.arange(0, K)
     if DIRECT:
+        j = tl.arange(0, K)
         tl.store(out + r * K + j, tl.where(top > 0, j, -1))
     else:
-        slot = (r * nchunks + c) * K + j
+        j = tl.arange(0, SLOTS)
+        slot = (r * nchunks + c) * SLOTS + j
         tl.store(keys + slot, top + j)
         tl.store(ids + slot, c * CHUNK + j)
 
 
 @triton.jit
-def _merge_floor(keys, ids, out, nchunks, NC: tl.constexpr, K: tl.constexpr):
+def _merge_floor(keys, ids, out, nchunks, NC: tl.constexpr, K: tl.constexpr, SLOTS: tl.constexpr):
     r = tl.program_id(0)
     c = tl.arange(0, NC)[:, None]
-    slot = (r * nchunks + c) * K + tl.arange(0, K)[None, :]
+    slot = (r * nchunks + c) * SLOTS + tl.arange(0, SLOTS)[None, :]
     live = c < nchunks
     k = tl.load(keys + slot, mask=live, other=float("-inf"))
     i = tl.load(ids + slot, mask=live, other=-1)
-    tl.store(out + r * K + tl.arange(0, K), tl.max(tl.where(k > 0, i, -1), 0))
+    best = tl.max(tl.where(k > 0, i, -1), 0)
+    tl.store(out + r * K + tl.arange(0, K), tl.max(tl.reshape(best, [K, SLOTS // K]), 1))
 
 
 @triton.jit
@@ -94,8 +98,9 @@ def decode(x: torch.Tensor, seq: torch.Tensor):
     """The decode top-512's launches over ``x`` [rows, width] with row ends ``seq`` [rows]."""
     rows, width = x.shape
     nchunks = triton.cdiv(width, CHUNK)
-    keys = torch.empty(rows * nchunks * TOPK, device=x.device)
-    ids = torch.empty(rows * nchunks * TOPK, dtype=torch.int32, device=x.device)
+    slots = chunk_slots(nchunks)
+    keys = torch.empty(rows * nchunks * slots, device=x.device)
+    ids = torch.empty(rows * nchunks * slots, dtype=torch.int32, device=x.device)
     out = torch.empty(rows, TOPK, dtype=torch.int32, device=x.device)
     seq = seq.reshape(-1)
     merge = "dsv_topk512_merge" if nchunks <= MERGE_CHUNKS else "dsv_topk512_merge_wide"
@@ -104,11 +109,13 @@ def decode(x: torch.Tensor, seq: torch.Tensor):
     def run():
         _chunk_floor[(nchunks, rows)](
             x, x.stride(0), seq, keys, ids, out, width, nchunks,
-            CHUNK=CHUNK, K=TOPK, DIRECT=nchunks == 1, num_warps=chunk_warps,
+            CHUNK=CHUNK, K=TOPK, SLOTS=slots, DIRECT=nchunks == 1, num_warps=chunk_warps,
         )  # fmt: skip
         if nchunks > 1:
             nc = triton.next_power_of_2(nchunks)
-            _merge_floor[(rows,)](keys, ids, out, nchunks, NC=nc, K=TOPK, num_warps=merge_warps)
+            _merge_floor[(rows,)](
+                keys, ids, out, nchunks, NC=nc, K=TOPK, SLOTS=slots, num_warps=merge_warps
+            )
 
     return run
 

@@ -43,7 +43,11 @@ constexpr uint32_t KEY_POS_INF = 0xff800000u;
 // it, modelled) beats the chunks' (about 1060).
 constexpr int CHUNK = 16384;  // logits a workgroup of dsv_topk512_chunks holds
 constexpr int CHUNK_THREADS = 512, CHUNK_GROUP = 16;
-constexpr int MERGE_THREADS = 512, MERGE_ITEMS = 16, MERGE_GROUP = 4;  // <= 16 chunks a row
+// MERGE_GROUP 8 once chunks hand on supersets (up to 8 x 1024 slots, about 5800 keys of random
+// rows): one same-run A/B (H200), groups of 4 / 8 / 16: dense 6x128k 16.26 / 15.73 / 15.78 us,
+// masked 16.90 / 16.44 / 16.58, ragged 19.79 / 19.25 / 19.38, dense 32x128k 28.10 / 27.49 /
+// 27.84 (with exact 512-key chunks, groups of 8 had been slower, 18.32 -> 20.22 us at 6x128k).
+constexpr int MERGE_THREADS = 512, MERGE_ITEMS = 16, MERGE_GROUP = 8;  // <= 16 chunks a row
 constexpr int WIDE_THREADS = 512, WIDE_ITEMS = 64, WIDE_GROUP = 16;   // <= 64 chunks (1M)
 constexpr int STREAM_THREADS = 1024;
 constexpr int SELECT_THREADS = 1024, SELECT_ITEMS = 32, SELECT_GROUP = 4;  // <= 32768 blocks
@@ -51,9 +55,9 @@ constexpr int SELECT_BATCH = 2;  // slots a thread whose loads dsv_select_blocks
 // CAND_GROUP and COMPACT_GROUP: 16 keys a maximum, as CHUNK_GROUP (1024 maxima; at least 512
 // once a row holds 512 entries, else every key fits the LDS list). H200, same-run A/B against
 // 8: candidate top-k 18.40 -> 16.85 us, compact 12.10 -> 10.53; 32: 18.74 and 19.30. (The
-// merges' groups did not gain: MERGE_GROUP 8 6x128k 18.32 -> 20.22 us, WIDE_GROUP 32 32x1M
-// 179.2 -> 180.0, 64 207.4, 8 178.1 -> 178.5. Nor, in another run, did SELECT_BATCH 4 (26.81
-// -> 27.08 us), SELECT_GROUP 8 (33.08) or two floor passes in the chunk kernel (within 1.5%).)
+// wide merge's groups did not gain: WIDE_GROUP 32 32x1M 179.2 -> 180.0, 64 207.4, 8 178.1 ->
+// 178.5. Nor, in another run, did SELECT_BATCH 4 (26.81 -> 27.08 us), SELECT_GROUP 8 (33.08)
+// or two floor passes in the chunk kernel (within 1.5%).)
 constexpr int CAND_THREADS = 512, CAND_ITEMS = 32, CAND_GROUP = 16;  // 16384 columns, 2048 blocks
 constexpr int COMPACT_THREADS = 512, COMPACT_GROUP = 16;
 
@@ -90,22 +94,38 @@ __device__ __forceinline__ int chunk_len(int end, int min_chunk, int max_chunks)
 #define TOPK_ARGS                                                                        \
   const float *logits, long long row_stride, int width, const int32_t *seq_lens,         \
       int causal, int next_n, int32_t *indices, long long idx_stride, uint32_t *cand_keys, \
-      int32_t *cand_ids, int max_chunks, int min_chunk
+      int32_t *cand_ids, int max_chunks, int min_chunk, int cap
 
 // Pass 1 of a chunk: its top 512 go straight to the row's indices when the chunk is the whole
-// row, else to the row's candidate scratch (key and column) for the merge. col(slot) is a
-// column relative to lo (what the list stores: uint16 in dsv_topk512_chunks).
+// row, else a superset of them, at most `cap` (the launcher's candidate slots a chunk), to the
+// row's candidate scratch (key and column) for the merge, the slots left over cleared (key 0:
+// no entry). col(slot) is a column relative to lo (what the list stores: uint16 in
+// dsv_topk512_chunks).
+// A superset (cap 1024 in launches of up to 8 chunks a row, where the merge has 8192 slots)
+// skips the chunk's exact cut: the keys above its floor, about 720 of a random 16k chunk and 820
+// of a 7/8-masked one (p99 780 / 930, modelled), go to the merge as they are. H200, same-run
+// A/B against exact 512-key chunks, with the floor of partial chunks (hip/topk_select.h) and
+// MERGE_GROUP 8: dense / masked 6x128k 18.18 -> 15.73 / 18.70 -> 16.44 us, 32x128k 28.64 ->
+// 27.49 / 28.79 -> 26.34, ragged 6x128k 19.20 -> 19.25, ragged 32x128k 29.41 -> 27.71; 6x16k
+// (one chunk, no merge) 9.27 -> 9.36; 1M rows (64 chunks, exact) 0-1% faster.
 template <int BLOCK, class Id, class Keys, class Col>
 __device__ __forceinline__ void chunk_select(Sel<BLOCK, Id>& s, Keys& keys, Col col, int lo,
                                              int32_t* out_row, uint32_t* ck, int32_t* ci,
-                                             bool direct) {
+                                             bool direct, int cap) {
   int32_t* ids = direct ? out_row : ci;  // one pointer: branches on `direct` around two stores
                                          // are merged into a load from the closure (scratch)
-  const uint32_t total = top_k(s, keys, TOPK, col, [=](uint32_t key, int32_t id, uint32_t pos) {
-    if (!direct) ck[pos] = key;
-    ids[pos] = lo + id;
-  });
-  if (direct) write_tail<BLOCK>(out_row, (int)total, TOPK);
+  const uint32_t total = top_k(
+      s, keys, TOPK, col,
+      [=](uint32_t key, int32_t id, uint32_t pos) {
+        if (!direct) ck[pos] = key;
+        ids[pos] = lo + id;
+      },
+      direct ? 0u : (uint32_t)cap);
+  if (direct) {
+    write_tail<BLOCK>(out_row, (int)total, TOPK);
+  } else {
+    for (int j = (int)total + (int)threadIdx.x; j < cap; j += BLOCK) ck[j] = 0u;
+  }
 }
 
 // The register path: CHUNK / CHUNK_THREADS logits a thread, read once as float4 (rows 16-byte
@@ -154,10 +174,10 @@ DSV_KERNEL(CHUNK_THREADS) dsv_topk512_chunks(TOPK_ARGS) {
     keys.k[4 * q + 2] = c0 + 2 < hi ? order_key(v[q].z) : 0u;
     keys.k[4 * q + 3] = c0 + 3 < hi ? order_key(v[q].w) : 0u;
   }
-  const size_t base = ((size_t)r * max_chunks + c) * TOPK;
+  const size_t base = ((size_t)r * max_chunks + c) * cap;
   chunk_select(
       s, keys, [=](int slot) { return (((slot >> 2) * BLOCK + t) << 2) + (slot & 3); }, lo,
-      out_row, cand_keys + base, cand_ids + base, end <= CHUNK);
+      out_row, cand_keys + base, cand_ids + base, end <= CHUNK, cap);
 }
 
 // The general path: any alignment, chunks of chunk_len(end, min_chunk, max_chunks) logits read
@@ -178,13 +198,14 @@ DSV_KERNEL(STREAM_THREADS) dsv_topk512_chunks_stream(TOPK_ARGS) {
   select_prologue(s);
   StreamKeys<BLOCK> keys{logits + r * row_stride, lo, min(lo + L, end)};
   const int t = threadIdx.x;
-  const size_t base = ((size_t)r * max_chunks + c) * TOPK;
+  const size_t base = ((size_t)r * max_chunks + c) * cap;
   chunk_select(
       s, keys, [=](int slot) { return slot * BLOCK + t; }, lo, out_row, cand_keys + base,
-      cand_ids + base, end <= L);
+      cand_ids + base, end <= L, cap);
 }
 
-// Pass 2: a row's chunk candidates (up to ITEMS * BLOCK / 512 chunks of 512) down to its 512.
+// Pass 2: a row's chunk candidates (max_chunks * cap slots, at most ITEMS * BLOCK; a chunk
+// clears the slots it leaves over) down to its 512.
 // EARLY: the keys and column ids of all max_chunks chunks are read before the row's end is
 // known, so that the end's read waits on memory beside them (slots that hold no candidate are
 // cleared after), and a taken key's id is not read from memory in turn at the end. Where
@@ -194,13 +215,13 @@ DSV_KERNEL(STREAM_THREADS) dsv_topk512_chunks_stream(TOPK_ARGS) {
 template <int BLOCK, int ITEMS, int G, bool EARLY>
 __device__ __forceinline__ void merge(Sel<BLOCK>& s, TOPK_ARGS) {
   const int r = blockIdx.x, t = threadIdx.x;
-  const size_t base = (size_t)r * max_chunks * TOPK;
+  const size_t base = (size_t)r * max_chunks * cap;
   const uint32_t* ck = cand_keys + base;
   const int32_t* ci = cand_ids + base;
   RegKeys<ITEMS, G> keys;
   int32_t ids[EARLY ? ITEMS : 1];
   if constexpr (EARLY) {
-    const int nmax = max_chunks * TOPK, used = (nmax + BLOCK - 1) / BLOCK;
+    const int nmax = max_chunks * cap, used = (nmax + BLOCK - 1) / BLOCK;
 #pragma unroll
     for (int s2 = 0; s2 < ITEMS; ++s2) {
       const int p = s2 * BLOCK + t;
@@ -213,15 +234,13 @@ __device__ __forceinline__ void merge(Sel<BLOCK>& s, TOPK_ARGS) {
   const int L = chunk_len(end, min_chunk, max_chunks);
   if (end <= TOPK || end <= L) return;  // pass 1 wrote the row
   const int nch = (end + L - 1) / L;
-  const int n = nch * TOPK;
+  const int n = nch * cap;  // the slots of this launch's chunks
   select_prologue(s);
   keys.used = (n + BLOCK - 1) / BLOCK;
 #pragma unroll
   for (int s2 = 0; s2 < ITEMS; ++s2) {
     const int p = s2 * BLOCK + t;
-    const int ch = p / TOPK, j = p % TOPK;
-    const int len = min(L, end - ch * L);  // this chunk wrote min(len, 512) candidates
-    const bool ok = p < n && j < len;
+    const bool ok = p < n;
     if constexpr (EARLY) {
       if (!ok) keys.k[s2] = 0u;
     } else {
@@ -244,7 +263,8 @@ DSV_KERNEL(MERGE_THREADS) dsv_topk512_merge(TOPK_ARGS) {
   __shared__ Sel<MERGE_THREADS> s;
   merge<MERGE_THREADS, MERGE_ITEMS, MERGE_GROUP, true>(s, logits, row_stride, width, seq_lens,
                                                        causal, next_n, indices, idx_stride,
-                                                       cand_keys, cand_ids, max_chunks, min_chunk);
+                                                       cand_keys, cand_ids, max_chunks, min_chunk,
+                                                       cap);
 }
 
 // Rows of up to 64 chunks (1M logits).
@@ -252,7 +272,8 @@ DSV_KERNEL(WIDE_THREADS) dsv_topk512_merge_wide(TOPK_ARGS) {
   __shared__ Sel<WIDE_THREADS> s;
   merge<WIDE_THREADS, WIDE_ITEMS, WIDE_GROUP, false>(s, logits, row_stride, width, seq_lens,
                                                      causal, next_n, indices, idx_stride,
-                                                     cand_keys, cand_ids, max_chunks, min_chunk);
+                                                     cand_keys, cand_ids, max_chunks, min_chunk,
+                                                     cap);
 }
 
 // --------------------------------------------------------------- candidate top-512 (24-36)

@@ -5,12 +5,14 @@
 // workgroup holds its keys in registers and takes its k largest (top_k):
 //  1. a floor from one histogram pass over the maxima of groups of G keys of a thread (at
 //     least k maxima, so at least k keys, are >= it; most keys are below it); when fewer than
-//     k maxima are above -inf (7/8-masked rows), over the top two keys of each group;
-//  2. the keys above the floor, with their column ids, are copied to an LDS list (when at most
-//     LIST of them, as in every random, masked or tied row measured), where a range radix
-//     select (8 bits a pass, over the range of the listed keys) finds the exact cut and the
-//     taken entries are written from the list. Only rows with more than LIST keys above the
-//     floor select and write from the registers.
+//     k maxima are above -inf (7/8-masked rows) or fewer than 2k are valid (a row's partial
+//     last chunk), over the top two keys of each group;
+//  2. where the caller takes a superset (a chunk of a row whose merge has room), the keys above
+//     the floor when at most `cap` of them, written as they are. Else they are copied, with
+//     their column ids, to an LDS list (when at most LIST of them, as in every random, masked
+//     or tied row measured), where a range radix select (8 bits a pass, over the range of the
+//     listed keys) finds the exact cut and the taken entries are written from the list. Only
+//     rows with more than LIST keys above the floor select and write from the registers.
 // Positions come from prefix sums (no atomics). Histogram counts are aggregated per wave: the
 // lanes that share the wave's first one or two digits add with one LDS atomic, so rows of
 // equal values (-inf, masked logits) cost no more than others; when at least k keys equal the
@@ -330,7 +332,9 @@ __device__ __forceinline__ void emit(Sel<BLOCK, Id>& s, int& ph, Keys& keys, con
 }
 
 // The k largest valid (nonzero) keys: calls out(key, pay(slot), position) for each, positions
-// 0..n-1, and returns n (k, or every valid key when fewer). A floor F comes first, from one
+// 0..n-1, and returns n (k, or every valid key when fewer). With cap > k, a superset of them
+// will do: every valid key when at most cap, else every key above the floor when at most cap
+// (n between k and cap; the caller selects again), else the k largest. A floor F comes first, from one
 // histogram pass over the group maxima: at least k maxima, so at least k keys, are >= F, and
 // no key below F can be taken. If fewer than k keys lie above F, F is the k-th key (ties, -inf
 // rows: no more work). Else the keys above F go to the LDS list with pay(slot) when at most
@@ -345,7 +349,7 @@ __device__ __forceinline__ void emit(Sel<BLOCK, Id>& s, int& ph, Keys& keys, con
 // candidate top-k 18.76 -> 19.70, so only dsv_select_blocks takes them.
 template <int BLOCK, int FLOOR_PASSES = 1, class Id, class Keys, class Pay, class Out>
 __device__ __forceinline__ uint32_t top_k(Sel<BLOCK, Id>& s, Keys& keys, uint32_t k, Pay pay,
-                                          Out out) {
+                                          Out out, uint32_t cap = 0) {
   constexpr int M = Keys::GROUPS;
   int ph = 0, pc = 0;
   uint32_t mx[M];
@@ -366,18 +370,24 @@ __device__ __forceinline__ uint32_t top_k(Sel<BLOCK, Id>& s, Keys& keys, uint32_
     tlo = mx[g] ? min(tlo, mx[g]) : tlo;
   }
   block_reduce(s, ph, nvalid, nmax, thi, tlo);
-  if (nvalid <= k) {  // take every valid key
+  if (nvalid <= (cap > k ? cap : k)) {  // take every valid key
     emit(s, ph, keys, Cut{0u, 0u, 0u, nvalid}, pay, out);
     return nvalid;
   }
   const uint32_t nlive = nmax >> 16;
   nmax &= 0xffffu;
   uint32_t floor = 0;  // count(key >= floor) >= k
-  if (nmax >= k && nlive < k) {
+  if (nmax >= k && (nlive < k || nmax < 2 * k)) {
     // Fewer than k maxima above -inf (masked rows: 7/8 of a chunk's groups hold only -inf):
-    // a floor from the maxima would be -inf. The top two keys of each group, at least k of
-    // them valid, give one: its k-th largest, as one histogram pass finds it, has k keys at or
-    // above it. Before, such rows skipped the floor and listed every live key (2048 of a 16k
+    // a floor from the maxima would be -inf. Or fewer than 2k valid maxima (a row's partial
+    // last chunk): a floor from them would be about the least of them. The top two keys of
+    // each group, at least k of them >= the least valid maximum tlo, give one: their k-th
+    // largest, as one histogram pass over [tlo, thi] finds it, has k keys at or above it.
+    // Partial random chunks of 3000 / 5000 / 8000 keys (modelled): 2290 / 2700 / 2890 keys
+    // above the floor from the maxima, 810 / 820 / 630 from the top two (H200, same-run A/B
+    // with chunk supersets: ragged 32x128k 29.10 -> 28.28 us, other shapes within 1.2%). Top
+    // two in every kernel of groups of 16 (a full random chunk: 730 -> 540 keys above the
+    // floor, modelled) was slower: dense 6x16k 9.34 -> 10.05 us, 32x1M 167.6 -> 177.2. Before, such rows skipped the floor and listed every live key (2048 of a 16k
     // chunk, 2.6 radix passes; H200 then 13.64 -> 12.14 us at 6 x 16k against a floor pass that
     // returned -inf). Same-run A/B against skipping, masked 6 x 16k / 6 x 128k / 32 x 128k /
     // 32 x 1M: 12.00 -> 10.32 / 19.91 -> 18.96 / 32.26 -> 29.05 / 203.9 -> 188.6 us; dense
@@ -397,7 +407,7 @@ __device__ __forceinline__ uint32_t top_k(Sel<BLOCK, Id>& s, Keys& keys, uint32_
       top2.k[2 * g + 1] = t2[g];
     }
     top2.used = 2 * M;
-    const Cut f = radix_cut(s, ph, top2, k, KEY_NEG_INF, thi, pc, 1);
+    const Cut f = radix_cut(s, ph, top2, k, tlo, thi, pc, 1);
     floor = f.need_eq ? f.eq : f.gt + 1;
   } else if (nmax >= k) {
     RegKeys<M, 1> maxima;
@@ -423,6 +433,10 @@ __device__ __forceinline__ uint32_t top_k(Sel<BLOCK, Id>& s, Keys& keys, uint32_
   if (ngt < k) {  // the floor is the k-th key
     emit(s, ph, keys, Cut{floor, floor, k - ngt, k}, pay, out);
     return k;
+  }
+  if (cap > k && ngt <= cap) {  // a superset will do: the keys above the floor
+    emit(s, ph, keys, Cut{floor, 0u, 0u, ngt}, pay, out);
+    return ngt;
   }
   if (ngt > LIST) {
     const Cut cut = radix_cut(s, ph, keys, k, alo, ahi, pc, 32);

@@ -45,9 +45,14 @@ TOPK = 512
 # chunk kernel takes whatever min_chunk says (tests/test_topk_build.py checks they agree).
 CHUNK = 16384
 MAX_CHUNKS = 64
-# Rows of up to MERGE_CHUNKS chunks merge in dsv_topk512_merge (512 threads), longer ones in
-# dsv_topk512_merge_wide (512 threads).
+# Rows of up to MERGE_CHUNKS chunks merge in dsv_topk512_merge (512 threads, 8192 candidate
+# slots), longer ones in dsv_topk512_merge_wide (512 threads, 32768 slots).
 MERGE_CHUNKS = 16
+# Candidate slots a chunk: TOPK (each chunk's exact top 512), or SUPERSET where a launch has at
+# most SUPERSET_CHUNKS chunks a row (8 x 1024 fill the merge's 8192): a chunk then hands on the
+# keys above its floor when at most 1024 of them, skipping its exact cut (hip/topk512.hip).
+SUPERSET = 1024
+SUPERSET_CHUNKS = 8
 # The general path's defaults, vLLM's in-tree gfx942 values: a row is split into one block for
 # every MIN_CHUNK live logits, up to MAX_BLOCKS blocks (222 us against 543 us for vLLM's kernel
 # over the 8 calls of a 128k step on MI325X; 16 blocks took 294 us).
@@ -61,7 +66,7 @@ MAX_SELECT_BLOCKS = 32768
 
 # Kernel name -> C parameters (P pointer, q int64, i int32); checked against the code object's
 # argument metadata in tests/test_topk_build.py.
-_TOPK_SIG = "PqiPiiPqPPii"
+_TOPK_SIG = "PqiPiiPqPPiii"
 KERNELS = {
     "dsv_topk512_chunks": _TOPK_SIG,
     "dsv_topk512_chunks_stream": _TOPK_SIG,
@@ -179,6 +184,11 @@ def _why_not_decode(logits, next_n, seq_lens, indices) -> str | None:
     return None
 
 
+def chunk_slots(max_chunks: int) -> int:
+    """Candidate slots a chunk of a decode launch of ``max_chunks`` chunks a row hands the merge."""
+    return SUPERSET if max_chunks <= SUPERSET_CHUNKS else TOPK
+
+
 def _launch_decode(kernels, logits, next_n, seq_lens, indices, register, max_blocks, min_chunk):
     """Launch the decode top-512; False (nothing launched) when scratch cannot be had."""
     rows, width = logits.shape
@@ -189,14 +199,15 @@ def _launch_decode(kernels, logits, next_n, seq_lens, indices, register, max_blo
     else:
         first, max_chunks = "dsv_topk512_chunks_stream", max_blocks
     max_chunks = max(max_chunks, 1)
+    cap = chunk_slots(max_chunks)
     device = logits.device.index
-    scratch = _scratch.get(device, 2 * rows * max_chunks * TOPK) if max_chunks > 1 else None
+    scratch = _scratch.get(device, 2 * rows * max_chunks * cap) if max_chunks > 1 else None
     if max_chunks > 1 and scratch is None:
         return False
     keys = ids = 0
     if scratch is not None:
         keys = scratch.data_ptr()
-        ids = keys + 4 * rows * max_chunks * TOPK
+        ids = keys + 4 * rows * max_chunks * cap
     args = (
         logits.data_ptr(),
         logits.stride(0),
@@ -210,6 +221,7 @@ def _launch_decode(kernels, logits, next_n, seq_lens, indices, register, max_blo
         ids,
         max_chunks,
         min_chunk,
+        cap,
     )
     stream = _launcher.stream_handle(device)
     kernels[first]((max_chunks, rows, 1), THREADS[first], stream, *args)
