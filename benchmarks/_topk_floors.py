@@ -8,9 +8,9 @@ structure here.
 
 The structures, as ``ops/topk.py`` launches them:
 - decode: one program a 16384-logit chunk of a row (512 threads); rows of more than one chunk
-  write each chunk's candidate slots (``chunk_slots``: 1024 in launches of at most 8 chunks a
-  row, else 512) to scratch and a second launch, one program a row, reads them all and writes
-  the row's 512 ids;
+  write each chunk's ``CHUNK_SLOTS`` candidate slots to scratch, and a merge launch, one
+  program for every ``MERGE_UNITS`` chunks of a row, reads theirs and writes the row's 512 ids
+  (one program a row) or its own slots for a second merge launch, one program a row;
 - candidate top-k: one program a row reads its 2048 block ids and the 8 columns of each;
 - compact top-k: one program a row reads 16384 logits and their ids;
 - candidate selection: one launch, one program a row (1024 threads) reads the whole row and
@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv41_gfx942_plugin.ops.topk import CHUNK, MERGE_CHUNKS, THREADS, TOPK, chunk_slots
+from dsv41_gfx942_plugin.ops.topk import CHUNK, CHUNK_SLOTS, MERGE_UNITS, THREADS, TOPK
 
 
 def _warps(kernel: str, t: torch.Tensor) -> int:
@@ -51,15 +51,21 @@ def _chunk_floor(x, stride, seq, keys, ids, out, width, nchunks, CHUNK: tl.const
 
 
 @triton.jit
-def _merge_floor(keys, ids, out, nchunks, NC: tl.constexpr, K: tl.constexpr, SLOTS: tl.constexpr):
-    r = tl.program_id(0)
-    c = tl.arange(0, NC)[:, None]
-    slot = (r * nchunks + c) * SLOTS + tl.arange(0, SLOTS)[None, :]
-    live = c < nchunks
+def _merge_floor(keys, ids, keys2, ids2, out, units, groups, UNITS: tl.constexpr,
+                 K: tl.constexpr, SLOTS: tl.constexpr, DIRECT: tl.constexpr):  # fmt: skip
+    g, r = tl.program_id(0), tl.program_id(1)
+    u = g * UNITS + tl.arange(0, UNITS)[:, None]
+    slot = (r * units + u) * SLOTS + tl.arange(0, SLOTS)[None, :]
+    live = u < units
     k = tl.load(keys + slot, mask=live, other=float("-inf"))
     i = tl.load(ids + slot, mask=live, other=-1)
     best = tl.max(tl.where(k > 0, i, -1), 0)
-    tl.store(out + r * K + tl.arange(0, K), tl.max(tl.reshape(best, [K, SLOTS // K]), 1))
+    if DIRECT:
+        tl.store(out + r * K + tl.arange(0, K), tl.max(tl.reshape(best, [K, SLOTS // K]), 1))
+    else:
+        mine = (r * groups + g) * SLOTS + tl.arange(0, SLOTS)
+        tl.store(keys2 + mine, tl.max(k, 0))
+        tl.store(ids2 + mine, best)
 
 
 @triton.jit
@@ -98,24 +104,27 @@ def decode(x: torch.Tensor, seq: torch.Tensor):
     """The decode top-512's launches over ``x`` [rows, width] with row ends ``seq`` [rows]."""
     rows, width = x.shape
     nchunks = triton.cdiv(width, CHUNK)
-    slots = chunk_slots(nchunks)
-    keys = torch.empty(rows * nchunks * slots, device=x.device)
-    ids = torch.empty(rows * nchunks * slots, dtype=torch.int32, device=x.device)
+    groups = triton.cdiv(nchunks, MERGE_UNITS)
+    keys = torch.empty(rows * (nchunks + groups) * CHUNK_SLOTS, device=x.device)
+    ids = torch.empty(keys.shape, dtype=torch.int32, device=x.device)
+    keys2, ids2 = keys[rows * nchunks * CHUNK_SLOTS :], ids[rows * nchunks * CHUNK_SLOTS :]
     out = torch.empty(rows, TOPK, dtype=torch.int32, device=x.device)
     seq = seq.reshape(-1)
-    merge = "dsv_topk512_merge" if nchunks <= MERGE_CHUNKS else "dsv_topk512_merge_wide"
-    chunk_warps, merge_warps = _warps("dsv_topk512_chunks", x), _warps(merge, x)
+    chunk_warps = _warps("dsv_topk512_chunks", x)
+    merge = dict(UNITS=MERGE_UNITS, K=TOPK, SLOTS=CHUNK_SLOTS)
+    merge["num_warps"] = _warps("dsv_topk512_merge", x)
 
     def run():
         _chunk_floor[(nchunks, rows)](
             x, x.stride(0), seq, keys, ids, out, width, nchunks,
-            CHUNK=CHUNK, K=TOPK, SLOTS=slots, DIRECT=nchunks == 1, num_warps=chunk_warps,
+            CHUNK=CHUNK, K=TOPK, SLOTS=CHUNK_SLOTS, DIRECT=nchunks == 1, num_warps=chunk_warps,
         )  # fmt: skip
         if nchunks > 1:
-            nc = triton.next_power_of_2(nchunks)
-            _merge_floor[(rows,)](
-                keys, ids, out, nchunks, NC=nc, K=TOPK, SLOTS=slots, num_warps=merge_warps
+            _merge_floor[(groups, rows)](
+                keys, ids, keys2, ids2, out, nchunks, groups, DIRECT=groups == 1, **merge
             )
+        if groups > 1:
+            _merge_floor[(1, rows)](keys2, ids2, keys, ids, out, groups, 1, DIRECT=True, **merge)
 
     return run
 

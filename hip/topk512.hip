@@ -47,17 +47,17 @@ constexpr int CHUNK_THREADS = 512, CHUNK_GROUP = 16;
 // rows): one same-run A/B (H200), groups of 4 / 8 / 16: dense 6x128k 16.26 / 15.73 / 15.78 us,
 // masked 16.90 / 16.44 / 16.58, ragged 19.79 / 19.25 / 19.38, dense 32x128k 28.10 / 27.49 /
 // 27.84 (with exact 512-key chunks, groups of 8 had been slower, 18.32 -> 20.22 us at 6x128k).
-constexpr int MERGE_THREADS = 512, MERGE_ITEMS = 16, MERGE_GROUP = 8;  // <= 16 chunks a row
-constexpr int WIDE_THREADS = 512, WIDE_ITEMS = 64, WIDE_GROUP = 16;   // <= 64 chunks (1M)
+constexpr int MERGE_THREADS = 512, MERGE_ITEMS = 16, MERGE_GROUP = 8;
+constexpr int MERGE_UNITS = 8;  // units of candidate slots (ops/topk.py's CHUNK_SLOTS, 1024) a
+                                // merge workgroup holds (tests/test_topk_build.py checks)
 constexpr int STREAM_THREADS = 1024;
 constexpr int SELECT_THREADS = 1024, SELECT_ITEMS = 32, SELECT_GROUP = 4;  // <= 32768 blocks
 constexpr int SELECT_BATCH = 2;  // slots a thread whose loads dsv_select_blocks issues together
 // CAND_GROUP and COMPACT_GROUP: 16 keys a maximum, as CHUNK_GROUP (1024 maxima; at least 512
 // once a row holds 512 entries, else every key fits the LDS list). H200, same-run A/B against
-// 8: candidate top-k 18.40 -> 16.85 us, compact 12.10 -> 10.53; 32: 18.74 and 19.30. (The
-// wide merge's groups did not gain: WIDE_GROUP 32 32x1M 179.2 -> 180.0, 64 207.4, 8 178.1 ->
-// 178.5. Nor, in another run, did SELECT_BATCH 4 (26.81 -> 27.08 us), SELECT_GROUP 8 (33.08)
-// or two floor passes in the chunk kernel (within 1.5%).)
+// 8: candidate top-k 18.40 -> 16.85 us, compact 12.10 -> 10.53; 32: 18.74 and 19.30. (Nor,
+// in another run, did SELECT_BATCH 4 (26.81 -> 27.08 us), SELECT_GROUP 8 (33.08) or two floor
+// passes in the chunk kernel (within 1.5%) gain.)
 constexpr int CAND_THREADS = 512, CAND_ITEMS = 32, CAND_GROUP = 16;  // 16384 columns, 2048 blocks
 constexpr int COMPACT_THREADS = 512, COMPACT_GROUP = 16;
 
@@ -204,76 +204,71 @@ DSV_KERNEL(STREAM_THREADS) dsv_topk512_chunks_stream(TOPK_ARGS) {
       cand_ids + base, end <= L, cap);
 }
 
-// Pass 2: a row's chunk candidates (max_chunks * cap slots, at most ITEMS * BLOCK; a chunk
-// clears the slots it leaves over) down to its 512.
-// EARLY: the keys and column ids of all max_chunks chunks are read before the row's end is
-// known, so that the end's read waits on memory beside them (slots that hold no candidate are
-// cleared after), and a taken key's id is not read from memory in turn at the end. Where
-// registers allow: not at 64 keys a thread, which reads its keys once the end is known and its
-// ids when taken (its keys read early took 196 gfx942 VGPRs, not 102, and spilled SGPRs; its
-// ids kept in registers spill on sm_90).
-template <int BLOCK, int ITEMS, int G, bool EARLY>
-__device__ __forceinline__ void merge(Sel<BLOCK>& s, TOPK_ARGS) {
-  const int r = blockIdx.x, t = threadIdx.x;
-  const size_t base = (size_t)r * max_chunks * cap;
+// Passes 2 and 3: a row's candidates, in units of `span` chunks (1: the chunks' own slots; 8:
+// a first merge's groups), `cap` slots a unit (cleared where a unit wrote no entry), merged
+// MERGE_UNITS units a workgroup: grid (groups, rows). A group holding the whole row writes its
+// indices; else it hands on a superset of its top 512 (as a chunk does) to out_keys / out_ids
+// at (row, group), for a second launch with span MERGE_UNITS: 64 chunks (1M logits) take two.
+// A group's keys and column ids are read before the row's end is known, so that the end's
+// read waits on memory beside them (slots of units past the end are cleared after), and a
+// taken key's id is not read from memory in turn at the end.
+// FINAL: a launch whose groups each hold a whole row (the launcher's last merge), compiled
+// without the superset's code. H200, against one kernel for both (each in a same-run A/B with
+// the single-level merge of exact 512-key chunks above 8 chunks a row): 6x128k dense / masked /
+// ragged +0.28 / +0.45 / +0.29 us over that merge with one kernel, +0.10 / +0.24 / +0.17 with
+// this one.
+// Two merge launches for rows of more than 8 chunks (every chunk handing on a superset),
+// against one merge of 512 threads x 64 keys over each chunk's exact 512 (H200, same-run A/B):
+// dense 6x1M 47.69 -> 38.25 us, 32x1M 169.17 -> 147.08, masked 32x1M 178.35 -> 156.74, ragged
+// 32x1M 141.01 -> 126.18 (the chunk launch alone at 32x1M: 142.4 us with exact 512-key chunks,
+// 117.9 with supersets).
+#define MERGE_ARGS TOPK_ARGS, uint32_t *out_keys, int32_t *out_ids, int span
+template <bool FINAL>
+__device__ __forceinline__ void merge(Sel<MERGE_THREADS>& s, MERGE_ARGS) {
+  constexpr int BLOCK = MERGE_THREADS, ITEMS = MERGE_ITEMS;
+  const int g = blockIdx.x, r = blockIdx.y, t = threadIdx.x;
+  const int max_units = (max_chunks + span - 1) / span;
+  const int groups = (max_units + MERGE_UNITS - 1) / MERGE_UNITS;
+  const int first = g * MERGE_UNITS;
+  const size_t base = ((size_t)r * max_units + first) * cap;
   const uint32_t* ck = cand_keys + base;
   const int32_t* ci = cand_ids + base;
-  RegKeys<ITEMS, G> keys;
-  int32_t ids[EARLY ? ITEMS : 1];
-  if constexpr (EARLY) {
-    const int nmax = max_chunks * cap, used = (nmax + BLOCK - 1) / BLOCK;
-#pragma unroll
-    for (int s2 = 0; s2 < ITEMS; ++s2) {
-      const int p = s2 * BLOCK + t;
-      const bool in = s2 < used && p < nmax;
-      keys.k[s2] = in ? ck[p] : 0u;
-      ids[s2] = in ? ci[p] : 0;
-    }
-  }
-  const int end = row_end(seq_lens, causal, next_n, r, width);
-  const int L = chunk_len(end, min_chunk, max_chunks);
-  if (end <= TOPK || end <= L) return;  // pass 1 wrote the row
-  const int nch = (end + L - 1) / L;
-  const int n = nch * cap;  // the slots of this launch's chunks
-  select_prologue(s);
-  keys.used = (n + BLOCK - 1) / BLOCK;
+  RegKeys<ITEMS, MERGE_GROUP> keys;
+  int32_t ids[ITEMS];
+  const int nmax = min(MERGE_UNITS, max_units - first) * cap;
 #pragma unroll
   for (int s2 = 0; s2 < ITEMS; ++s2) {
     const int p = s2 * BLOCK + t;
-    const bool ok = p < n;
-    if constexpr (EARLY) {
-      if (!ok) keys.k[s2] = 0u;
-    } else {
-      keys.k[s2] = 0u;
-      if (s2 < keys.used) keys.k[s2] = ok ? ck[p] : 0u;
-    }
+    keys.k[s2] = p < nmax ? ck[p] : 0u;
+    ids[s2] = p < nmax ? ci[p] : 0;
   }
-  int32_t* out_row = indices + r * idx_stride;
-  top_k(
-      s, keys, TOPK,
-      [&ids, ci, t](int slot) {
-        if constexpr (EARLY) return ids[slot];
-        return ci[slot * BLOCK + t];
-      },
-      [=](uint32_t, int32_t id, uint32_t pos) { out_row[pos] = id; });
+  const int end = row_end(seq_lens, causal, next_n, r, width);
+  const int L = chunk_len(end, min_chunk, max_chunks) * span;  // logits a unit
+  if (end <= TOPK || end <= L) return;  // an earlier pass wrote the row
+  const int units = (end + L - 1) / L;  // <= max_units
+  if (first >= units) return;
+  const int n = min(units - first, MERGE_UNITS) * cap;  // this group's live slots
+  select_prologue(s);
+  keys.used = (n + BLOCK - 1) / BLOCK;
+#pragma unroll
+  for (int s2 = 0; s2 < ITEMS; ++s2)
+    if (s2 * BLOCK + t >= n) keys.k[s2] = 0u;
+  const size_t out = ((size_t)r * groups + g) * cap;
+  chunk_select(
+      s, keys, [&ids](int slot) { return ids[slot]; }, 0, indices + r * idx_stride,
+      out_keys + out, out_ids + out, FINAL || units <= MERGE_UNITS, cap);
 }
 
-// Rows of up to 16 chunks (256k logits).
-DSV_KERNEL(MERGE_THREADS) dsv_topk512_merge(TOPK_ARGS) {
+#define MERGE_PASS                                                                          \
+  s, logits, row_stride, width, seq_lens, causal, next_n, indices, idx_stride, cand_keys,    \
+      cand_ids, max_chunks, min_chunk, cap, out_keys, out_ids, span
+DSV_KERNEL(MERGE_THREADS) dsv_topk512_merge(MERGE_ARGS) {
   __shared__ Sel<MERGE_THREADS> s;
-  merge<MERGE_THREADS, MERGE_ITEMS, MERGE_GROUP, true>(s, logits, row_stride, width, seq_lens,
-                                                       causal, next_n, indices, idx_stride,
-                                                       cand_keys, cand_ids, max_chunks, min_chunk,
-                                                       cap);
+  merge<false>(MERGE_PASS);
 }
-
-// Rows of up to 64 chunks (1M logits).
-DSV_KERNEL(WIDE_THREADS) dsv_topk512_merge_wide(TOPK_ARGS) {
-  __shared__ Sel<WIDE_THREADS> s;
-  merge<WIDE_THREADS, WIDE_ITEMS, WIDE_GROUP, false>(s, logits, row_stride, width, seq_lens,
-                                                     causal, next_n, indices, idx_stride,
-                                                     cand_keys, cand_ids, max_chunks, min_chunk,
-                                                     cap);
+DSV_KERNEL(MERGE_THREADS) dsv_topk512_merge_final(MERGE_ARGS) {
+  __shared__ Sel<MERGE_THREADS> s;
+  merge<true>(MERGE_PASS);
 }
 
 // --------------------------------------------------------------- candidate top-512 (24-36)

@@ -131,9 +131,10 @@ def test_launcher_chunk_is_the_kernels():
     assert found == [str(topk.CHUNK)]
 
 
-def test_merge_holds_every_chunks_slots():
-    """A row's merge holds max_chunks * chunk_slots(max_chunks) candidates (the chunks' supersets
-    included) in its registers: more would drop candidates, and with them right answers."""
+def test_merge_holds_its_units():
+    """A merge workgroup holds MERGE_UNITS units of CHUNK_SLOTS candidate slots in its registers
+    (more would drop candidates, and with them right answers), and two merge launches cover
+    MAX_CHUNKS chunks."""
     src = (HIP / "topk512.hip").read_text()
 
     def const(name: str) -> int:
@@ -141,13 +142,11 @@ def test_merge_holds_every_chunks_slots():
         assert len(found) == 1, name
         return int(found[0])
 
-    merge = const("MERGE_THREADS") * const("MERGE_ITEMS")
-    wide = const("WIDE_THREADS") * const("WIDE_ITEMS")
-    assert topk.MAX_CHUNKS * topk.TOPK <= wide
-    for max_chunks in range(2, topk.MAX_CHUNKS + 1):
-        held = merge if max_chunks <= topk.MERGE_CHUNKS else wide
-        assert max_chunks * topk.chunk_slots(max_chunks) <= held, max_chunks
-    assert topk.chunk_slots(topk.SUPERSET_CHUNKS) > topk.TOPK  # the superset path is used
+    held = const("MERGE_THREADS") * const("MERGE_ITEMS")
+    assert const("MERGE_UNITS") == topk.MERGE_UNITS
+    assert held >= topk.MERGE_UNITS * topk.CHUNK_SLOTS
+    assert topk.CHUNK_SLOTS >= topk.TOPK
+    assert topk.MAX_CHUNKS <= topk.MERGE_UNITS**2
 
 
 def arch_conditionals(text: str) -> list[str]:

@@ -126,13 +126,16 @@ def test_decode_many_keys_above_the_floor(emu):
     ref.check_decode(x, 1, lens([16384]), idx, f"wave{emu} many above the floor")
 
 
-def test_decode_wide_merge(emu):
-    """Rows of more than 16 chunks merge in dsv_topk512_merge_wide."""
+@pytest.mark.parametrize("kind", ["specials", "randn"])
+def test_decode_two_merges(emu, kind):
+    """Rows of more than 8 chunks take two merge launches; in the same launch, a row of 8 chunks
+    is written by the first merge, one of 9 by the second, one of a chunk by its chunk."""
     width = 16 * 16384 + 1000
-    x = logits_of(1, width, "specials", seed=2)
-    idx = out(1)
-    assert topk.decode_top_k(x, 1, lens([width - 3]), idx, 512)
-    ref.check_decode(x, 1, lens([width - 3]), idx, f"wave{emu} wide merge")
+    ends = [width - 3, 8 * 16384, 8 * 16384 + 1, 16384]
+    x = logits_of(len(ends), width, kind, seed=2)
+    idx = out(len(ends))
+    assert topk.decode_top_k(x, 1, lens(ends), idx, 512)
+    ref.check_decode(x, 1, lens(ends), idx, f"wave{emu} two merges {kind}")
 
 
 def test_decode_general_path(emu):

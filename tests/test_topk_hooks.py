@@ -49,18 +49,20 @@ def decode_inputs(rows=6, width=131072, next_n=1):
 def test_decode_takes_and_launches_two_passes(calls):
     logits, next_n, seq, idx = decode_inputs()
     assert topk.decode_top_k(logits, next_n, seq, idx, 512)
-    assert [c[0] for c in calls] == ["dsv_topk512_chunks", "dsv_topk512_merge"]
-    assert calls[0][1] == (8, 6, 1) and calls[1][1] == (6, 1, 1)  # chunks of 16384
+    assert [c[0] for c in calls] == ["dsv_topk512_chunks", "dsv_topk512_merge_final"]
+    assert calls[0][1] == (8, 6, 1) and calls[1][1] == (1, 6, 1)  # chunks of 16384
 
 
 def test_decode_wide_rows(calls):
     logits, next_n, seq, idx = decode_inputs(rows=2, width=(1 << 20) - 8)
     assert topk.decode_top_k(logits, next_n, seq, idx, 512)
-    assert [c[0] for c in calls] == ["dsv_topk512_chunks", "dsv_topk512_merge_wide"]
-    assert calls[0][1] == (64, 2, 1)
-    # Over 1M logits: the general path, 8 blocks.
+    merge = "dsv_topk512_merge_final"
+    assert [c[0] for c in calls] == ["dsv_topk512_chunks", "dsv_topk512_merge", merge]
+    assert [c[1] for c in calls] == [(64, 2, 1), (8, 2, 1), (1, 2, 1)]  # 64 chunks: two merges
+    # Over 1M logits: the general path, 8 blocks, one merge.
     assert topk.decode_top_k(torch.zeros(2, (1 << 20) + 4), next_n, seq, idx, 512)
     assert calls[-2][0] == "dsv_topk512_chunks_stream" and calls[-2][1] == (8, 2, 1)
+    assert calls[-1][0] == merge and calls[-1][1] == (1, 2, 1)
 
 
 def test_decode_one_chunk_is_one_launch(calls):

@@ -50,7 +50,7 @@ extern "C" int dsv_emu_launch(const char* name, unsigned gx, unsigned gy, unsign
   DSV_EMU_KERNEL(dsv_topk512_chunks)
   DSV_EMU_KERNEL(dsv_topk512_chunks_stream)
   DSV_EMU_KERNEL(dsv_topk512_merge)
-  DSV_EMU_KERNEL(dsv_topk512_merge_wide)
+  DSV_EMU_KERNEL(dsv_topk512_merge_final)
   DSV_EMU_KERNEL(dsv_topk512_candidates)
   DSV_EMU_KERNEL(dsv_topk512_compact)
   DSV_EMU_KERNEL(dsv_select_blocks)

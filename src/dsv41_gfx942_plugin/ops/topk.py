@@ -37,22 +37,20 @@ __all__ = [
 ]
 
 TOPK = 512
-# Pass 1 of the register path: a workgroup holds a chunk of 16384 logits, and the merge takes up
-# to 64 chunks of 512 candidates a row: rows of up to 1M logits. H200-measured (graph replay,
+# Pass 1 of the register path: a workgroup holds a chunk of 16384 logits, and the merges take up
+# to 64 chunks a row: rows of up to 1M logits. H200-measured (graph replay,
 # 6x16k / 6x128k / 32x128k / 6x256k rows), with 1024-thread workgroups: 16384-logit chunks
 # 13.8 / 26.5 / 41.0 / 28.6 us; 8192-logit chunks 22.6 / 24.8 / 56.2 / 38.0 us. (Threads a
 # workgroup: THREADS below, measured in hip/topk512.hip.) hip/topk512.hip's CHUNK, which the
 # chunk kernel takes whatever min_chunk says (tests/test_topk_build.py checks they agree).
 CHUNK = 16384
-MAX_CHUNKS = 64
-# Rows of up to MERGE_CHUNKS chunks merge in dsv_topk512_merge (512 threads, 8192 candidate
-# slots), longer ones in dsv_topk512_merge_wide (512 threads, 32768 slots).
-MERGE_CHUNKS = 16
-# Candidate slots a chunk: TOPK (each chunk's exact top 512), or SUPERSET where a launch has at
-# most SUPERSET_CHUNKS chunks a row (8 x 1024 fill the merge's 8192): a chunk then hands on the
-# keys above its floor when at most 1024 of them, skipping its exact cut (hip/topk512.hip).
-SUPERSET = 1024
-SUPERSET_CHUNKS = 8
+MAX_CHUNKS = 64  # MERGE_UNITS ** 2: two merge launches
+# Candidate slots a chunk hands the merge: a superset of its top 512, the keys above its floor
+# when at most CHUNK_SLOTS of them (about 720 of a random chunk), else its exact top 512
+# (hip/topk512.hip). A merge workgroup holds MERGE_UNITS units of CHUNK_SLOTS slots (8192) and
+# hands on a superset in turn: rows of up to 8 chunks take one merge launch, of up to 64 two.
+CHUNK_SLOTS = 1024
+MERGE_UNITS = 8
 # The general path's defaults, vLLM's in-tree gfx942 values: a row is split into one block for
 # every MIN_CHUNK live logits, up to MAX_BLOCKS blocks (222 us against 543 us for vLLM's kernel
 # over the 8 calls of a 128k step on MI325X; 16 blocks took 294 us).
@@ -70,8 +68,8 @@ _TOPK_SIG = "PqiPiiPqPPiii"
 KERNELS = {
     "dsv_topk512_chunks": _TOPK_SIG,
     "dsv_topk512_chunks_stream": _TOPK_SIG,
-    "dsv_topk512_merge": _TOPK_SIG,
-    "dsv_topk512_merge_wide": _TOPK_SIG,
+    "dsv_topk512_merge": _TOPK_SIG + "PPi",
+    "dsv_topk512_merge_final": _TOPK_SIG + "PPi",
     "dsv_topk512_candidates": "PqiPiiPqPqii",
     "dsv_topk512_compact": "PqPqiPiiPq",
     "dsv_select_blocks": "PqiPiiPqi",
@@ -81,7 +79,7 @@ THREADS = {
     "dsv_topk512_chunks": 512,
     "dsv_topk512_chunks_stream": 1024,
     "dsv_topk512_merge": 512,
-    "dsv_topk512_merge_wide": 512,
+    "dsv_topk512_merge_final": 512,
     "dsv_topk512_candidates": 512,
     "dsv_topk512_compact": 512,
     "dsv_select_blocks": 1024,
@@ -184,11 +182,6 @@ def _why_not_decode(logits, next_n, seq_lens, indices) -> str | None:
     return None
 
 
-def chunk_slots(max_chunks: int) -> int:
-    """Candidate slots a chunk of a decode launch of ``max_chunks`` chunks a row hands the merge."""
-    return SUPERSET if max_chunks <= SUPERSET_CHUNKS else TOPK
-
-
 def _launch_decode(kernels, logits, next_n, seq_lens, indices, register, max_blocks, min_chunk):
     """Launch the decode top-512; False (nothing launched) when scratch cannot be had."""
     rows, width = logits.shape
@@ -199,15 +192,18 @@ def _launch_decode(kernels, logits, next_n, seq_lens, indices, register, max_blo
     else:
         first, max_chunks = "dsv_topk512_chunks_stream", max_blocks
     max_chunks = max(max_chunks, 1)
-    cap = chunk_slots(max_chunks)
+    groups = -(-max_chunks // MERGE_UNITS)  # the first merge's workgroups a row
+    slots = rows * CHUNK_SLOTS  # int32 slots a unit of every row
     device = logits.device.index
-    scratch = _scratch.get(device, 2 * rows * max_chunks * cap) if max_chunks > 1 else None
+    scratch = _scratch.get(device, 2 * slots * (max_chunks + groups)) if max_chunks > 1 else None
     if max_chunks > 1 and scratch is None:
         return False
-    keys = ids = 0
-    if scratch is not None:
+    keys = ids = keys2 = ids2 = 0
+    if scratch is not None:  # the chunks' keys and ids, then the first merge's
         keys = scratch.data_ptr()
-        ids = keys + 4 * rows * max_chunks * cap
+        ids = keys + 4 * slots * max_chunks
+        keys2 = ids + 4 * slots * max_chunks
+        ids2 = keys2 + 4 * slots * groups
     args = (
         logits.data_ptr(),
         logits.stride(0),
@@ -221,13 +217,18 @@ def _launch_decode(kernels, logits, next_n, seq_lens, indices, register, max_blo
         ids,
         max_chunks,
         min_chunk,
-        cap,
+        CHUNK_SLOTS,
     )
     stream = _launcher.stream_handle(device)
     kernels[first]((max_chunks, rows, 1), THREADS[first], stream, *args)
+    # The last merge launch holds each row whole (<= MERGE_UNITS units): dsv_topk512_merge_final.
+    if groups > 1:  # <= MERGE_UNITS groups (max_chunks <= 64): the second merge writes the rows
+        name = "dsv_topk512_merge"
+        kernels[name]((groups, rows, 1), THREADS[name], stream, *args, keys2, ids2, 1)
+        args = (*args[:8], keys2, ids2, *args[10:])
     if max_chunks > 1:
-        merge = "dsv_topk512_merge" if max_chunks <= MERGE_CHUNKS else "dsv_topk512_merge_wide"
-        kernels[merge]((rows, 1, 1), THREADS[merge], stream, *args)
+        name, span = "dsv_topk512_merge_final", MERGE_UNITS if groups > 1 else 1
+        kernels[name]((1, rows, 1), THREADS[name], stream, *args, 0, 0, span)
     return True
 
 
