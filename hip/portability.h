@@ -3,9 +3,9 @@
 // The kernels are written once against these wrappers. hip/build.py compiles them for gfx942
 // (the product: clang/hipcc, wave64) and for sm_90 (tests and benchmarks on an NVIDIA H200:
 // nvcc, warp32); tests also build them for the CPU (DSV_CPU_EMU, hip/cpu_emu.h) to run the
-// wave64 logic without a GPU. Every architecture #if of the project lives here (tests/test_topk_build.py
-// checks), so the code that runs on the H200 is the code that ships for gfx942, with only the
-// wave width changed.
+// wave64 logic without a GPU. Every architecture #if of the project lives here
+// (tests/test_topk_build.py checks), so the code that runs on the H200 is the code that ships
+// for gfx942, with only the wave width changed.
 #pragma once
 
 #include <stdint.h>

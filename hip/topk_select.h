@@ -334,11 +334,11 @@ __device__ __forceinline__ void emit(Sel<BLOCK, Id>& s, int& ph, Keys& keys, con
 // The k largest valid (nonzero) keys: calls out(key, pay(slot), position) for each, positions
 // 0..n-1, and returns n (k, or every valid key when fewer). With cap > k, a superset of them
 // will do: every valid key when at most cap, else every key above the floor when at most cap
-// (n between k and cap; the caller selects again), else the k largest. A floor F comes first, from one
-// histogram pass over the group maxima: at least k maxima, so at least k keys, are >= F, and
-// no key below F can be taken. If fewer than k keys lie above F, F is the k-th key (ties, -inf
-// rows: no more work). Else the keys above F go to the LDS list with pay(slot) when at most
-// LIST, and are selected and written from there.
+// (n between k and cap; the caller selects again), else the k largest. A floor F comes first,
+// from one histogram pass over the group maxima: at least k maxima, so at least k keys, are
+// >= F, and no key below F can be taken. If fewer than k keys lie above F, F is the k-th key
+// (ties, -inf rows: no more work). Else the keys above F go to the LDS list with pay(slot)
+// when at most LIST, and are selected and written from there.
 // FLOOR_PASSES: the floor's histogram passes at most. A second pass runs only while the k-th
 // maximum's bin holds more than k / 8 maxima: a first pass's 256 bins span the maxima's whole
 // range, so one far maximum (layer 20's newest block, pinned to +inf) makes them too coarse.
@@ -387,8 +387,9 @@ __device__ __forceinline__ uint32_t top_k(Sel<BLOCK, Id>& s, Keys& keys, uint32_
     // above the floor from the maxima, 810 / 820 / 630 from the top two (H200, same-run A/B
     // with chunk supersets: ragged 32x128k 29.10 -> 28.28 us, other shapes within 1.2%). Top
     // two in every kernel of groups of 16 (a full random chunk: 730 -> 540 keys above the
-    // floor, modelled) was slower: dense 6x16k 9.34 -> 10.05 us, 32x1M 167.6 -> 177.2. Before, such rows skipped the floor and listed every live key (2048 of a 16k
-    // chunk, 2.6 radix passes; H200 then 13.64 -> 12.14 us at 6 x 16k against a floor pass that
+    // floor, modelled) was slower: dense 6x16k 9.34 -> 10.05 us, 32x1M 167.6 -> 177.2.
+    // Before, masked rows skipped the floor and listed every live key (2048 of a 16k chunk,
+    // 2.6 radix passes; H200 then 13.64 -> 12.14 us at 6 x 16k against a floor pass that
     // returned -inf). Same-run A/B against skipping, masked 6 x 16k / 6 x 128k / 32 x 128k /
     // 32 x 1M: 12.00 -> 10.32 / 19.91 -> 18.96 / 32.26 -> 29.05 / 203.9 -> 188.6 us; dense
     // within 1.3% (32 x 1M 178.1 -> 180.3).
