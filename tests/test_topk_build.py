@@ -123,27 +123,26 @@ ARCH_MACRO = re.compile(
 )
 
 
+def hip_const(name: str) -> int:
+    """The value of an int constant of hip/topk512.hip, defined there once."""
+    found = re.findall(rf"\b{name} = (\d+)", (HIP / "topk512.hip").read_text())
+    assert len(found) == 1, name
+    return int(found[0])
+
+
 def test_launcher_chunk_is_the_kernels():
     """dsv_topk512_chunks takes chunks of its CHUNK logits whatever the launch's min_chunk (its
     loads go out before the row's end is read), and the merge splits rows by the launch's
     min_chunk: the two must agree."""
-    found = re.findall(r"constexpr int CHUNK = (\d+);", (HIP / "topk512.hip").read_text())
-    assert found == [str(topk.CHUNK)]
+    assert hip_const("CHUNK") == topk.CHUNK
 
 
 def test_merge_holds_its_units():
     """A merge workgroup holds MERGE_UNITS units of CHUNK_SLOTS candidate slots in its registers
     (more would drop candidates, and with them right answers), and two merge launches cover
     MAX_CHUNKS chunks."""
-    src = (HIP / "topk512.hip").read_text()
-
-    def const(name: str) -> int:
-        found = re.findall(rf"\b{name} = (\d+)", src)
-        assert len(found) == 1, name
-        return int(found[0])
-
-    held = const("MERGE_THREADS") * const("MERGE_ITEMS")
-    assert const("MERGE_UNITS") == topk.MERGE_UNITS
+    held = hip_const("MERGE_THREADS") * hip_const("MERGE_ITEMS")
+    assert hip_const("MERGE_UNITS") == topk.MERGE_UNITS
     assert held >= topk.MERGE_UNITS * topk.CHUNK_SLOTS
     assert topk.CHUNK_SLOTS >= topk.TOPK
     assert topk.MAX_CHUNKS <= topk.MERGE_UNITS**2

@@ -204,7 +204,7 @@ def _launch_decode(kernels, logits, next_n, seq_lens, indices, register, max_blo
         ids = keys + 4 * slots * max_chunks
         keys2 = ids + 4 * slots * max_chunks
         ids2 = keys2 + 4 * slots * groups
-    args = (
+    row = (
         logits.data_ptr(),
         logits.stride(0),
         width,
@@ -213,22 +213,21 @@ def _launch_decode(kernels, logits, next_n, seq_lens, indices, register, max_blo
         next_n,
         indices.data_ptr(),
         indices.stride(0),
-        keys,
-        ids,
-        max_chunks,
-        min_chunk,
-        CHUNK_SLOTS,
     )
+    split = (max_chunks, min_chunk, CHUNK_SLOTS)
     stream = _launcher.stream_handle(device)
-    kernels[first]((max_chunks, rows, 1), THREADS[first], stream, *args)
+    kernels[first]((max_chunks, rows, 1), THREADS[first], stream, *row, keys, ids, *split)
     # The last merge launch holds each row whole (<= MERGE_UNITS units): dsv_topk512_merge_final.
+    span = 1
     if groups > 1:  # <= MERGE_UNITS groups (max_chunks <= 64): the second merge writes the rows
         name = "dsv_topk512_merge"
-        kernels[name]((groups, rows, 1), THREADS[name], stream, *args, keys2, ids2, 1)
-        args = (*args[:8], keys2, ids2, *args[10:])
+        kernels[name](
+            (groups, rows, 1), THREADS[name], stream, *row, keys, ids, *split, keys2, ids2, 1
+        )
+        keys, ids, span = keys2, ids2, MERGE_UNITS
     if max_chunks > 1:
-        name, span = "dsv_topk512_merge_final", MERGE_UNITS if groups > 1 else 1
-        kernels[name]((1, rows, 1), THREADS[name], stream, *args, 0, 0, span)
+        name = "dsv_topk512_merge_final"
+        kernels[name]((1, rows, 1), THREADS[name], stream, *row, keys, ids, *split, 0, 0, span)
     return True
 
 
