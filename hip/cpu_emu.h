@@ -166,6 +166,11 @@ inline int32_t atomicCAS(int32_t* p, int32_t cmp, int32_t v) {
   if (old == cmp) *p = v;
   return old;
 }
+inline uint32_t atomicOr(uint32_t* p, uint32_t v) {
+  const uint32_t old = *p;
+  *p = old | v;
+  return old;
+}
 inline int32_t atomicMin(int32_t* p, int32_t v) {
   const int32_t old = *p;
   *p = std::min(old, v);

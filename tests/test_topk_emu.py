@@ -153,18 +153,35 @@ def test_decode_causal(emu):
     ref.check_decode(x, 3, seq, idx, f"wave{emu} causal")
 
 
-def test_candidates(emu):
+@pytest.mark.parametrize("dups", [True, False])
+def test_candidates(emu, dups):
+    """Distinct blocks take the bitmap alone; one duplicate sends the row to the hash table."""
     width, bs = 131072, 8
     x = logits_of(1, width, "specials", seed=5)
     g = torch.Generator().manual_seed(6)
     cands = torch.randperm(width // bs, generator=g)[:2048].int().view(1, -1)
     cands[0, 100:200] = -1
-    cands[0, 1::97] = cands[0, 0]  # duplicates, of a block the top 512 takes whole
+    if dups:
+        cands[0, 1::97] = cands[0, 0]  # duplicates, of a block the top 512 takes whole
     first = int(cands[0, 0]) * bs
     x[0, first : first + bs] = 1e30
     idx = out(1)
     assert topk.candidate_top_k(x, 1, lens([131000]), cands, bs, idx, 512)
     ref.check_candidates(x, 1, lens([131000]), cands, bs, idx, f"wave{emu} candidates")
+
+
+def test_candidates_past_the_bitmap(emu):
+    """Rows of more block ids than the bitmap holds (2**18; here blocks of one column) take
+    the hash table, duplicates or not."""
+    width, bs = 300000, 1
+    x = logits_of(1, width, "randn", seed=8)
+    g = torch.Generator().manual_seed(9)
+    cands = torch.randperm(width, generator=g)[:2048].int().view(1, -1)
+    cands[0, 5::101] = cands[0, 3]
+    x[0, int(cands[0, 3])] = 1e30
+    idx = out(1)
+    assert topk.candidate_top_k(x, 1, lens([width]), cands, bs, idx, 512)
+    ref.check_candidates(x, 1, lens([width]), cands, bs, idx, f"wave{emu} candidates bs 1")
 
 
 def test_candidates_block_size_not_8(emu):

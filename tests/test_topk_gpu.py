@@ -155,11 +155,13 @@ def random_candidates(rows, k, nblocks, seed, dup=True, holes=True):
 
 @pytest.mark.parametrize("kind", ["randn", "ties", "specials", "all_ninf"])
 @pytest.mark.parametrize("lens_form", ["2d", "1d"])
-def test_candidate_top_k(kind, lens_form):
+@pytest.mark.parametrize("dup", [True, False], ids=["dups", "distinct"])
+def test_candidate_top_k(kind, lens_form, dup):
+    """Distinct blocks (vLLM's) take the kernel's bitmap alone, duplicates its hash table."""
     next_n, reqs, width, bs = 3, 2, 131072, 8
     rows = next_n * reqs
     logits = make_logits(rows, width, kind, seed=11)
-    cands = random_candidates(rows, 2048, width // bs, seed=3)
+    cands = random_candidates(rows, 2048, width // bs, seed=3, dup=dup)
     if kind != "all_ninf":  # the duplicated block in every row's top 512: a kept copy shows
         for r, first in enumerate(cands[:, 0].tolist()):
             logits[r, first * bs : first * bs + bs] = 1e30
