@@ -21,7 +21,7 @@
 #endif
 #define DSV_WAVE DSV_EMU_WAVE
 typedef uint64_t lanemask_t;
-#define DSV_LAUNCH_BOUNDS(threads)
+#define DSV_LAUNCH_BOUNDS(threads, per_cu)
 
 inline lanemask_t dsv_ballot(bool p) { return emu_ballot(p); }
 inline int dsv_popc(lanemask_t m) { return __builtin_popcountll(m); }
@@ -36,7 +36,9 @@ inline uint32_t dsv_shfl_xor(uint32_t v, int m) { return emu_shfl_xor(v, m); }
 
 #define DSV_WAVE 64
 typedef uint64_t lanemask_t;
-#define DSV_LAUNCH_BOUNDS(threads) __launch_bounds__(threads)
+// per_cu (see DSV_KERNEL) is not passed: HIP's second launch-bounds argument means something
+// else (waves an execution unit), and the kernels' VGPRs and LDS give gfx942 the counts anyway.
+#define DSV_LAUNCH_BOUNDS(threads, per_cu) __launch_bounds__(threads)
 
 __device__ __forceinline__ lanemask_t dsv_ballot(bool p) { return __ballot(p); }
 __device__ __forceinline__ int dsv_popc(lanemask_t m) { return __popcll(m); }
@@ -56,11 +58,12 @@ __device__ __forceinline__ uint32_t dsv_shfl_xor(uint32_t v, int m) {
 // ---------------------------------------------------------------- NVIDIA (sm_90), warp32
 #define DSV_WAVE 32
 typedef uint32_t lanemask_t;
-// At least one workgroup an SM, as every kernel here asks: without that minimum ptxas may
-// spill to fit two. The kernels as they are compile without spills either way (H200, same run:
-// every shape within 0.8%), but a variant of the selection core got 64 registers and 144 bytes
-// of spill loads in dsv_topk512_chunks without it, 80 registers and none with it.
-#define DSV_LAUNCH_BOUNDS(threads) __launch_bounds__(threads, 1)
+// per_cu workgroups an SM, as many as a gfx942 CU holds (see DSV_KERNEL), so that ptxas holds
+// its registers to that occupancy. With a minimum of one, a kernel may take up to 128 registers
+// a thread (the chunk kernel took 116-122, so one workgroup an SM where gfx942 runs two);
+// without a minimum ptxas may spill to fit two (a variant of the selection core once got 64
+// registers and 144 bytes of spill loads that way, 80 registers and none with one).
+#define DSV_LAUNCH_BOUNDS(threads, per_cu) __launch_bounds__(threads, per_cu)
 
 __device__ __forceinline__ lanemask_t dsv_ballot(bool p) { return __ballot_sync(0xffffffffu, p); }
 __device__ __forceinline__ int dsv_popc(lanemask_t m) { return __popc(m); }
@@ -76,8 +79,11 @@ __device__ __forceinline__ uint32_t dsv_shfl_xor(uint32_t v, int m) {
 }
 #endif
 
-// Kernels have C names, so the launcher finds them by name in either code object.
-#define DSV_KERNEL(threads) extern "C" __global__ void DSV_LAUNCH_BOUNDS(threads)
+// Kernels have C names, so the launcher finds them by name in either code object. per_cu: the
+// workgroups of `threads` threads that one gfx942 CU holds at once, by the kernel's VGPRs and
+// LDS (tests/test_topk_build.py checks it against the gfx942 object); the sm_90 build runs the
+// kernel at that occupancy too, so that H200 timings of wide launches are the product's shape.
+#define DSV_KERNEL(threads, per_cu) extern "C" __global__ void DSV_LAUNCH_BOUNDS(threads, per_cu)
 
 __device__ __forceinline__ int dsv_lane() { return (int)(threadIdx.x % DSV_WAVE); }
 __device__ __forceinline__ int dsv_wave() { return (int)(threadIdx.x / DSV_WAVE); }

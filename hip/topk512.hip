@@ -130,7 +130,7 @@ __device__ __forceinline__ void chunk_select(Sel<BLOCK, Id>& s, Keys& keys, Col 
 
 // The register path: CHUNK / CHUNK_THREADS logits a thread, read once as float4 (rows 16-byte
 // aligned); chunks of CHUNK logits, rows up to 64 * CHUNK (1M) logits.
-DSV_KERNEL(CHUNK_THREADS) dsv_topk512_chunks(TOPK_ARGS) {
+DSV_KERNEL(CHUNK_THREADS, 2) dsv_topk512_chunks(TOPK_ARGS) {
   constexpr int BLOCK = CHUNK_THREADS, ITEMS = CHUNK / BLOCK;
   static_assert(CHUNK <= 65536, "a chunk's local columns are uint16_t list ids");
   __shared__ Sel<BLOCK, uint16_t> s;
@@ -182,7 +182,7 @@ DSV_KERNEL(CHUNK_THREADS) dsv_topk512_chunks(TOPK_ARGS) {
 
 // The general path: any alignment, chunks of chunk_len(end, min_chunk, max_chunks) logits read
 // from memory at each radix pass.
-DSV_KERNEL(STREAM_THREADS) dsv_topk512_chunks_stream(TOPK_ARGS) {
+DSV_KERNEL(STREAM_THREADS, 1) dsv_topk512_chunks_stream(TOPK_ARGS) {
   constexpr int BLOCK = STREAM_THREADS;
   __shared__ Sel<BLOCK> s;
   const int r = blockIdx.y, c = blockIdx.x;
@@ -262,11 +262,11 @@ __device__ __forceinline__ void merge(Sel<MERGE_THREADS>& s, MERGE_ARGS) {
 #define MERGE_PASS                                                                          \
   s, logits, row_stride, width, seq_lens, causal, next_n, indices, idx_stride, cand_keys,    \
       cand_ids, max_chunks, min_chunk, cap, out_keys, out_ids, span
-DSV_KERNEL(MERGE_THREADS) dsv_topk512_merge(MERGE_ARGS) {
+DSV_KERNEL(MERGE_THREADS, 1) dsv_topk512_merge(MERGE_ARGS) {
   __shared__ Sel<MERGE_THREADS> s;
   merge<false>(MERGE_PASS);
 }
-DSV_KERNEL(MERGE_THREADS) dsv_topk512_merge_final(MERGE_ARGS) {
+DSV_KERNEL(MERGE_THREADS, 1) dsv_topk512_merge_final(MERGE_ARGS) {
   __shared__ Sel<MERGE_THREADS> s;
   merge<true>(MERGE_PASS);
 }
@@ -287,11 +287,11 @@ DSV_KERNEL(MERGE_THREADS) dsv_topk512_merge_final(MERGE_ARGS) {
 // each, not 32 half blocks (the gather above was 4775 cycles against 3903 for a decode
 // chunk's contiguous loads).
 constexpr int BITMAP_BLOCKS = 2 * TABLE * 32;  // the bitmap shares the hash table's LDS
-DSV_KERNEL(CAND_THREADS) dsv_topk512_candidates(const float* logits, long long row_stride,
-                                                int width, const int32_t* seq_lens, int causal,
-                                                int next_n, int32_t* indices, long long idx_stride,
-                                                const int32_t* cands, long long cand_stride,
-                                                int ncand, int bs) {
+DSV_KERNEL(CAND_THREADS, 1) dsv_topk512_candidates(const float* logits, long long row_stride,
+                                                   int width, const int32_t* seq_lens,
+                                                   int causal, int next_n, int32_t* indices,
+                                                   long long idx_stride, const int32_t* cands,
+                                                   long long cand_stride, int ncand, int bs) {
   constexpr int BLOCK = CAND_THREADS, ITEMS = CAND_ITEMS;
   constexpr int PAIRS = BLOCK / 2, ENTRIES = ITEMS / 4;  // 4 columns of each entry a thread
   __shared__ union {
@@ -424,10 +424,11 @@ DSV_KERNEL(CAND_THREADS) dsv_topk512_candidates(const float* logits, long long r
 // ------------------------------------------------------------- compact-row top-512
 // Grid (rows). Entry i of row r is (logits[r, i], ids[r, i]); ids -1 mark no entry. Rows of
 // at most 16384 entries, holding distinct ids. Row ends as dsv_topk512_chunks.
-DSV_KERNEL(COMPACT_THREADS) dsv_topk512_compact(const float* logits, long long row_stride,
-                                                const int32_t* ids, long long ids_stride, int len,
-                                                const int32_t* seq_lens, int causal, int next_n,
-                                                int32_t* indices, long long idx_stride) {
+DSV_KERNEL(COMPACT_THREADS, 1) dsv_topk512_compact(const float* logits, long long row_stride,
+                                                   const int32_t* ids, long long ids_stride,
+                                                   int len, const int32_t* seq_lens, int causal,
+                                                   int next_n, int32_t* indices,
+                                                   long long idx_stride) {
   constexpr int BLOCK = COMPACT_THREADS, ITEMS = CHUNK / BLOCK;
   __shared__ Sel<BLOCK> s;
   const int r = blockIdx.x, t = threadIdx.x;
@@ -485,9 +486,9 @@ __device__ __noinline__ uint32_t block_score(const float* row, int c0, int c1) {
 // above it, the register path); top_k's floor takes a second pass for it (2579-2667, the LDS
 // list). With the loads issued SELECT_BATCH slots at a time: H200, 6 x 128k, one A/B run,
 // 32.99 -> 27.13 (floor) -> 26.14 us (and the loads).
-DSV_KERNEL(SELECT_THREADS) dsv_select_blocks(const float* logits, long long row_stride, int width,
-                                             const int32_t* seq_lens, int rep, int bs,
-                                             int32_t* cands, long long cand_stride, int K) {
+DSV_KERNEL(SELECT_THREADS, 1) dsv_select_blocks(const float* logits, long long row_stride,
+                                                int width, const int32_t* seq_lens, int rep, int bs,
+                                                int32_t* cands, long long cand_stride, int K) {
   constexpr int BLOCK = SELECT_THREADS;
   __shared__ Sel<BLOCK> s;
   const int r = blockIdx.x, t = threadIdx.x;

@@ -38,6 +38,9 @@ constexpr int HIST = 1 << DIGIT;        // bins of a radix pass
 // taking the register path holds up its launch.
 constexpr int LIST = 4096;
 constexpr uint32_t KEY_NEG_INF = 0x007fffffu;  // order_key(-inf): the least valid key
+// The floor pass's range at most (keys: 2^23 a binade of floats, so 8 binades below the
+// greatest key), when at least k of its keys lie in it; see top_k.
+constexpr uint32_t FLOOR_SPAN = 1u << 26;
 
 __device__ __forceinline__ uint32_t order_key(float f) {
   const uint32_t u = __float_as_uint(f) & ~(f == 0.f ? 0x80000000u : 0u);  // -0 ranks as +0
@@ -224,7 +227,8 @@ __device__ __forceinline__ void select_prologue(Sel<BLOCK, Id>& s) {
 // bin each pass and stops when that bin is taken whole. Each pass is one count and three
 // barriers; hist[pc & 1] is clear when pass pc starts. After max_passes, or once the k-th
 // key's bin holds at most `loose` keys (0: never), it returns a floor instead: every key in or
-// above the k-th key's bin (gt = that bin's least key - 1).
+// above the k-th key's bin (gt = that bin's least key - 1). When [lo, hi] holds fewer than k
+// keys (a floor pass over a narrowed range, see top_k), it returns total 0 after one pass.
 // Not adopted: one barrier a pass, every wave then finding the k-th key's bin in the histogram
 // by itself (lane l summing 8 contiguous bins on sm_90, 4 on gfx942; a third histogram for the
 // next pass). H200, same-run A/B: 10-17% slower everywhere (dense 6x16k 9.28 -> 10.42 us,
@@ -260,6 +264,10 @@ __device__ __forceinline__ Cut radix_cut(Sel<BLOCK, Id>& s, int& ph, Keys& keys,
       if (b0 - i >= 0) sum += hist[b0 - i];
     uint32_t before = sum, unused = 0, total, t2;
     block_scan(s, ph, before, unused, total, t2);
+    if (total < krem) {
+      ++pc;
+      return Cut{0u, 0u, 0u, 0u};
+    }
     if (before < krem && before + sum >= krem) {
       uint32_t c = before;
       for (int i = 0; i < per; ++i) {
@@ -347,6 +355,15 @@ __device__ __forceinline__ void emit(Sel<BLOCK, Id>& s, int& ph, Keys& keys, con
 // register path), two leave 2579-2667. Two passes in every kernel (H200, one A/B
 // run) sped decode dense 6 x 16k 12.40 -> 11.64 us but slowed 32 x 1M 200.7 -> 209.0 and the
 // candidate top-k 18.76 -> 19.70, so only dsv_select_blocks takes them.
+// The one-pass floor's range: [max - FLOOR_SPAN, max] first, when the keys span more, and the
+// whole range only if that holds fewer than k of them. 256 bins over a wider range are too
+// coarse: over [-inf, max] (7/8-masked rows, whose dead groups' maxima are -inf) or over group
+// maxima that straddle zero (a key range of 2^31: some chunks of random rows) most bins are
+// empty and many keys share the k-th key's bin (most of them pass the floor; a chunk with more
+// than `cap` of them takes the exact cut and holds up its launch). H200, same-run A/B, with
+// the chunk kernel at two workgroups an SM: dense 32x128k 25.11 -> 21.73 us, ragged 6x128k
+// 19.80 -> 16.95, ragged 32x1M 106.99 -> 104.41, 32x1M 121.89 -> 120.94 (with the scan of
+// the keys above the floor, below, in both).
 template <int BLOCK, int FLOOR_PASSES = 1, class Id, class Keys, class Pay, class Out>
 __device__ __forceinline__ uint32_t top_k(Sel<BLOCK, Id>& s, Keys& keys, uint32_t k, Pay pay,
                                           Out out, uint32_t cap = 0) {
@@ -408,55 +425,68 @@ __device__ __forceinline__ uint32_t top_k(Sel<BLOCK, Id>& s, Keys& keys, uint32_
       top2.k[2 * g + 1] = t2[g];
     }
     top2.used = 2 * M;
-    const Cut f = radix_cut(s, ph, top2, k, tlo, thi, pc, 1);
+    Cut f = radix_cut(s, ph, top2, k, thi - tlo > FLOOR_SPAN ? thi - FLOOR_SPAN : tlo, thi, pc, 1);
+    if (f.total == 0) f = radix_cut(s, ph, top2, k, tlo, thi, pc, 1);
     floor = f.need_eq ? f.eq : f.gt + 1;
   } else if (nmax >= k) {
     RegKeys<M, 1> maxima;
 #pragma unroll
     for (int g = 0; g < M; ++g) maxima.k[g] = mx[g];
     maxima.used = M;
-    const Cut f = radix_cut(s, ph, maxima, k, tlo, thi, pc, FLOOR_PASSES,
-                            FLOOR_PASSES > 1 ? k / 8 : 0u);
+    // (Two passes narrow a wide range themselves.)
+    const uint32_t lo = FLOOR_PASSES == 1 && thi - tlo > FLOOR_SPAN ? thi - FLOOR_SPAN : tlo;
+    Cut f = radix_cut(s, ph, maxima, k, lo, thi, pc, FLOOR_PASSES, FLOOR_PASSES > 1 ? k / 8 : 0u);
+    if (f.total == 0) f = radix_cut(s, ph, maxima, k, tlo, thi, pc, FLOOR_PASSES);
     floor = f.need_eq ? f.eq : f.gt + 1;
   }
-  // The keys above the floor: how many, their least and greatest.
-  uint32_t ngt = 0, ahi = 0, alo = 0xffffffffu, zero = 0;
+  // One scan gives each key above the floor its position among them, and each key equal to it
+  // its rank among those; the paths below write (or list) the keys from it. H200, same-run A/B
+  // against a reduction for the count (and the keys' range) followed by a scan or an emit(),
+  // one workgroup an SM: dense / masked 6x16k 9.38 -> 8.89 / 10.06 -> 9.57 us, candidate top-k
+  // 11.18 -> 10.72, compact 10.21 -> 9.72, selection 25.98 -> 25.53; but 6x128k 15.80 -> 16.47,
+  // 6x1M 38.49 -> 39.77, 32x1M 146.44 -> 149.60: in those launches, and only there, the chunk
+  // kernel took longer (chunk and merge kernels of both builds mixed: +0.55 us at masked 6x128k,
+  // the merge -0.3; timed alone, the chunk launch within 0.2 us). Kept for the kernels whose
+  // workgroup is a whole row, and as the shorter code.
+  uint32_t gt = 0, eq = 0, ngt, unused;
   keys.each([&](uint32_t key, int) {
-    const bool a = key > floor;
-    ngt += a;
-    ahi = a ? max(ahi, key) : ahi;
-    alo = a ? min(alo, key) : alo;
+    gt += key > floor;
+    eq += key == floor;
   });
-  const uint32_t mine = ngt;
   const int buf = ph & 1;
   relay(s, buf, floor, 0u);
-  block_reduce(s, ph, ngt, zero, ahi, alo);
-  if (ngt < k) {  // the floor is the k-th key
-    emit(s, ph, keys, Cut{floor, floor, k - ngt, k}, pay, out);
-    return k;
+  block_scan(s, ph, gt, eq, ngt, unused);
+  const uint32_t above = s.relay[buf][0];  // == floor
+  if (ngt < k || (cap > k && ngt <= cap)) {
+    // The floor is the k-th key (the keys above it, then the first k - ngt keys equal to it),
+    // or a superset will do (the keys above it).
+    const uint32_t need_eq = ngt < k ? k - ngt : 0u;
+    keys.each([&gt, &eq, above, need_eq, ngt, pay, out](uint32_t key, int slot) {
+      if (key > above) {
+        out(key, pay(slot), gt++);
+      } else if (key == above) {
+        if (eq < need_eq) out(key, pay(slot), ngt + eq);
+        ++eq;
+      }
+    });
+    return ngt < k ? k : ngt;
   }
-  if (cap > k && ngt <= cap) {  // a superset will do: the keys above the floor
-    emit(s, ph, keys, Cut{floor, 0u, 0u, ngt}, pay, out);
-    return ngt;
-  }
+  // The exact cut among the keys above the floor, over [floor + 1, the greatest key].
   if (ngt > LIST) {
-    const Cut cut = radix_cut(s, ph, keys, k, alo, ahi, pc, 32);
+    const Cut cut = radix_cut(s, ph, keys, k, above + 1, thi, pc, 32);
     emit(s, ph, keys, cut, pay, out);
     return k;
   }
-  uint32_t pos = mine, unused = 0, t1, t2;
-  block_scan(s, ph, pos, unused, t1, t2);
-  const uint32_t above = s.relay[buf][0];  // == floor
-  keys.each([&pos, &s, above, pay](uint32_t key, int slot) {
+  keys.each([&gt, &s, above, pay](uint32_t key, int slot) {
     if (key > above) {
-      s.key[pos] = key;
-      s.id[pos] = pay(slot);
-      ++pos;
+      s.key[gt] = key;
+      s.id[gt] = pay(slot);
+      ++gt;
     }
   });
   __syncthreads();
   ListKeys<BLOCK> list{s.key, (int)ngt};
-  const Cut cut = radix_cut(s, ph, list, k, alo, ahi, pc, 32);
+  const Cut cut = radix_cut(s, ph, list, k, above + 1, thi, pc, 32);
   emit(s, ph, list, cut, [&](int slot) { return s.id[slot * BLOCK + (int)threadIdx.x]; }, out);
   return k;
 }

@@ -86,21 +86,35 @@ def test_resources(metadata, name):
     assert k[".max_flat_workgroup_size"] == topk.THREADS[name]
 
 
-# A gfx942 CU: 64 KiB of LDS; 4 SIMDs, each with 512 VGPRs a lane for its waves (granule 8).
-CU_LDS, SIMDS, SIMD_VGPRS, VGPR_GRANULE = 64 * 1024, 4, 512, 8
+# A gfx942 CU: 64 KiB of LDS; 4 SIMDs, each with 512 VGPRs a lane for its waves (granule 8), at
+# most 8 waves a SIMD.
+CU_LDS, SIMDS, SIMD_VGPRS, VGPR_GRANULE, SIMD_WAVES = 64 * 1024, 4, 512, 8, 8
 
 
 def _workgroups_a_cu(k: dict) -> int:
     waves = -(-k[".max_flat_workgroup_size"] // k[".wavefront_size"])
     vgprs = -(-k[".vgpr_count"] // VGPR_GRANULE) * VGPR_GRANULE
-    by_vgprs = SIMDS * (SIMD_VGPRS // vgprs) // waves
+    by_vgprs = SIMDS * min(SIMD_VGPRS // vgprs, SIMD_WAVES) // waves
     return min(by_vgprs, CU_LDS // max(k[".group_segment_fixed_size"], 1))
 
 
-def test_decode_chunks_two_workgroups_a_cu(metadata):
-    # With int32 list ids the chunk kernel took 34.6 KiB of LDS: one workgroup a CU, each a
-    # latency-bound chain of barriers. uint16 ids (26.3 KiB, 99 VGPRs) let two share one.
-    assert _workgroups_a_cu(metadata["dsv_topk512_chunks"]) >= 2
+def _per_cu() -> dict[str, int]:
+    """Each kernel's DSV_KERNEL(threads, per_cu) in hip/topk512.hip."""
+    found = re.findall(r"DSV_KERNEL\(\w+, (\d+)\) (\w+)\(", (HIP / "topk512.hip").read_text())
+    return {name: int(n) for n, name in found}
+
+
+def test_occupancy_is_the_declared_one(metadata):
+    """Every kernel declares the workgroups a gfx942 CU holds at once, and the sm_90 build runs
+    at that occupancy (hip/portability.h), so H200 timings of wide launches keep the product's
+    shape. The chunk kernel needs two: with int32 list ids it took 34.6 KiB of LDS (one a CU,
+    each a latency-bound chain of barriers); uint16 ids (26.3 KiB, 97-100 VGPRs) let two share
+    one."""
+    declared = _per_cu()
+    assert sorted(declared) == sorted(topk.KERNELS)
+    assert declared["dsv_topk512_chunks"] == 2
+    for name, n in declared.items():
+        assert _workgroups_a_cu(metadata[name]) == n, name
 
 
 @pytest.mark.parametrize("name", sorted(topk.KERNELS))
