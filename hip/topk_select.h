@@ -363,10 +363,10 @@ __device__ __forceinline__ void emit(Sel<BLOCK, Id>& s, int& ph, Keys& keys, con
 // coarse: over [-inf, max] (7/8-masked rows, whose dead groups' maxima are -inf) or over group
 // maxima that straddle zero (a key range of 2^31: some chunks of random rows) most bins are
 // empty and many keys share the k-th key's bin (most of them pass the floor; a chunk with more
-// than `cap` of them takes the exact cut and holds up its launch). H200, same-run A/B, with
-// the chunk kernel at two workgroups an SM: dense 32x128k 25.11 -> 21.73 us, ragged 6x128k
-// 19.80 -> 16.95, ragged 32x1M 106.99 -> 104.41, 32x1M 121.89 -> 120.94 (with the scan of
-// the keys above the floor, below, in both).
+// than `cap` of them takes the exact cut and holds up its launch). H200, same-run A/B, chunk
+// and first merge kernels at two workgroups an SM, before the one scan below: dense 32x128k
+// 25.22 -> 22.71 us, ragged 6x128k 19.74 -> 16.63, ragged 32x1M 102.05 -> 100.04, 32x1M 116.67
+// -> 115.26; 6x128k 16.11 -> 16.44.
 template <int BLOCK, int FLOOR_PASSES = 1, class Id, class Keys, class Pay, class Out>
 __device__ __forceinline__ uint32_t top_k(Sel<BLOCK, Id>& s, Keys& keys, uint32_t k, Pay pay,
                                           Out out, uint32_t cap = 0) {
