@@ -390,14 +390,12 @@ __device__ __forceinline__ uint32_t top_k(Sel<BLOCK, Id>& s, Keys& keys, uint32_
     tlo = mx[g] ? min(tlo, mx[g]) : tlo;
   }
   block_reduce(s, ph, nvalid, nmax, thi, tlo);
-  if (nvalid <= (cap > k ? cap : k)) {  // take every valid key
-    emit(s, ph, keys, Cut{0u, 0u, 0u, nvalid}, pay, out);
-    return nvalid;
-  }
+  // At most max(cap, k) valid keys: every one is taken (floor 0, written out from the list).
+  const bool all = nvalid <= (cap > k ? cap : k);
   const uint32_t nlive = nmax >> 16;
   nmax &= 0xffffu;
   uint32_t floor = 0;  // count(key >= floor) >= k
-  if (nmax >= k && (nlive < k || nmax < 2 * k)) {
+  if (!all && 2 * nmax >= k && (nlive < k || nmax < 2 * k)) {
     // Fewer than k maxima above -inf (masked rows: 7/8 of a chunk's groups hold only -inf):
     // a floor from the maxima would be -inf. Or fewer than 2k valid maxima (a row's partial
     // last chunk): a floor from them would be about the least of them. The top two keys of
@@ -428,10 +426,13 @@ __device__ __forceinline__ uint32_t top_k(Sel<BLOCK, Id>& s, Keys& keys, uint32_
       top2.k[2 * g + 1] = t2[g];
     }
     top2.used = 2 * M;
+    // With fewer than k valid maxima (a partial chunk of 2-4 blocks of 512 columns: 4 keys a
+    // group), the top two keys may still be k; the floor pass then spans every valid key, and
+    // when even that holds fewer than k, there is no floor (every valid key is above 0).
     Cut f = radix_cut(s, ph, top2, k, thi - tlo > FLOOR_SPAN ? thi - FLOOR_SPAN : tlo, thi, pc, 1);
-    if (f.total == 0) f = radix_cut(s, ph, top2, k, tlo, thi, pc, 1);
-    floor = f.need_eq ? f.eq : f.gt + 1;
-  } else if (nmax >= k) {
+    if (f.total == 0) f = radix_cut(s, ph, top2, k, nmax >= k ? tlo : 1u, thi, pc, 1);
+    if (f.total != 0) floor = f.need_eq ? f.eq : f.gt + 1;
+  } else if (!all && nmax >= k) {
     RegKeys<M, 1> maxima;
 #pragma unroll
     for (int g = 0; g < M; ++g) maxima.k[g] = mx[g];
@@ -461,7 +462,7 @@ __device__ __forceinline__ uint32_t top_k(Sel<BLOCK, Id>& s, Keys& keys, uint32_
   relay(s, buf, floor, 0u);
   block_scan(s, ph, gt, eq, ngt, unused);
   const uint32_t above = s.relay[buf][0];  // == floor
-  if (ngt < k) {  // the floor is the k-th key: the keys above it, then k - ngt equal to it
+  if (ngt < k && !all) {  // the floor is the k-th key: the keys above it, then k - ngt equal
     const uint32_t need_eq = k - ngt;
     keys.each([&gt, &eq, above, need_eq, ngt, pay, out](uint32_t key, int slot) {
       if (key > above) {
@@ -491,7 +492,7 @@ __device__ __forceinline__ uint32_t top_k(Sel<BLOCK, Id>& s, Keys& keys, uint32_
   // thread). Written from the registers, as the list is filled, it took a chunk 5926 cycles
   // (clock() stamps, H200, a random 16k chunk: most waves run most slots' stores for a few
   // lanes each), against 1116 for filling the list.
-  if (cap > k && ngt <= cap) {
+  if (all || (cap > k && ngt <= cap)) {
 #pragma unroll 1
     for (int i = threadIdx.x; i < (int)ngt; i += BLOCK) out(s.key[i], s.id[i], (uint32_t)i);
     return ngt;

@@ -209,6 +209,20 @@ def test_compact(emu):
     ref.check_compact(x, ids, 1, lens([10**6]), idx, f"wave{emu} compact")
 
 
+def test_candidates_few_live(emu):
+    """A long row with fewer than 512 live candidate columns gets them all, then -1: no slot
+    without a column (key 0) may fill the rest."""
+    width, bs = 131072, 8
+    x = logits_of(1, width, "randn", seed=10)
+    g = torch.Generator().manual_seed(11)
+    cands = torch.full((1, 2048), -1, dtype=torch.int32)
+    cands[0, 100:140] = torch.randperm(width // bs, generator=g)[:40].int()
+    idx = out(1)
+    assert topk.candidate_top_k(x, 1, lens([width]), cands, bs, idx, 512)
+    ref.check_candidates(x, 1, lens([width]), cands, bs, idx, f"wave{emu} candidates few live")
+    assert int((idx >= 0).sum()) == 320
+
+
 @pytest.mark.parametrize("kind,k", [("randn", 2048), ("masked", 512)])
 def test_select(emu, kind, k):
     x = logits_of(1, 131072, kind, seed=9)
