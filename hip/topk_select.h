@@ -4,15 +4,16 @@
 // as torch.topk ranks them, and key 0 for "no entry" (past a row's end, a -1 candidate). A
 // workgroup holds its keys in registers and takes its k largest (top_k):
 //  1. a floor from one histogram pass over the maxima of groups of G keys of a thread (at
-//     least k maxima, so at least k keys, are >= it; most keys are below it); when fewer than
-//     k maxima are above -inf (7/8-masked rows) or fewer than 2k are valid (a row's partial
-//     last chunk), over the top two keys of each group;
-//  2. where the caller takes a superset (a chunk of a row whose merge has room), the keys above
-//     the floor when at most `cap` of them, written as they are. Else they are copied, with
-//     their column ids, to an LDS list (when at most LIST of them, as in every random, masked
-//     or tied row measured), where a range radix select (8 bits a pass, over the range of the
-//     listed keys) finds the exact cut and the taken entries are written from the list. Only
-//     rows with more than LIST keys above the floor select and write from the registers.
+//     least k maxima, so at least k keys, are >= it; most keys are below it), its bins over at
+//     most FLOOR_SPAN below the greatest; when fewer than k maxima are above -inf (7/8-masked
+//     rows) or fewer than 2k are valid (a row's partial last chunk), over the top two keys of
+//     each group;
+//  2. the keys above the floor are copied, with their column ids, to an LDS list (when at most
+//     LIST of them, as in every random, masked or tied row measured). Where the caller takes a
+//     superset (a chunk of a row whose merge has room), the list is written out as it is when
+//     it holds at most `cap` keys; else a range radix select (8 bits a pass) finds the exact
+//     cut in it and the taken entries are written from the list. Only rows with more than LIST
+//     keys above the floor select and write from the registers.
 // Positions come from prefix sums (no atomics). Histogram counts are aggregated per wave: the
 // lanes that share the wave's first one or two digits add with one LDS atomic, so rows of
 // equal values (-inf, masked logits) cost no more than others; when at least k keys equal the
