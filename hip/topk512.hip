@@ -4,7 +4,7 @@
 //
 // Kernels (all launched by src/dsv41_gfx942_plugin/ops/topk.py through ops/_launcher.py):
 //   dsv_topk512_chunks / _stream   pass 1 of the decode top-512: one workgroup per chunk of a row
-//   dsv_topk512_merge / _wide      pass 2: each row's chunk candidates down to 512
+//   dsv_topk512_merge / _final     passes 2 and 3: each row's chunk candidates down to 512
 //   dsv_topk512_candidates         top-512 over the columns of a row's candidate blocks
 //   dsv_topk512_compact            top-512 over a compact row of (logit, column id)
 //   dsv_select_blocks              layer 20's candidate blocks (block max, top-K blocks)
