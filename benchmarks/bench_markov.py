@@ -165,12 +165,7 @@ def main() -> None:
 
 
 # Launch configurations tried by --sweep, each over the module's configuration for the rows.
-SWEEP = [
-    dict(BK=64),
-    dict(BK=32, num_stages=2),
-    dict(BK=32, num_stages=4),
-    dict(BV=128, BK=32),
-]
+SWEEP = [dict(FAST=True), dict(FAST=False)]
 
 
 def sweep(args) -> list:

@@ -1,14 +1,16 @@
 """The fused Markov step kernel compiled for gfx942 on the CPU (no GPU needed): every launch
 configuration the GPU path uses (``fused_markov.GPU_CONFIGS``), sampled, greedy and fp64 noise,
-must compile to AMDGCN with no VGPR spills, no scratch and LDS within 64 KiB.
+must compile to AMDGCN with no VGPR spills, no scratch and LDS within 64 KiB; so must the verify
+launch of the configurations that take the fast noise (``FAST``).
 
 Each is compiled as Triton's JIT specializes a launch (``SPECS``): with its pointers 16-byte
 aligned and within 2 GiB (DSv4.1's 129280-token rows; AMD buffer loads, ``buffer_load_dwordx4``),
 the same without buffer loads (``AMDGCN_USE_BUFFER_OPS=0``), and with no alignment known (a
 vocabulary that is not a multiple of 8: every bf16 load scalar, ``global_load_ushort``). Triton
 3.8 here, 129280 tokens, rank 256, over the configurations and modes: aligned with buffer loads,
-VGPRs 52-126, LDS 18-36 KiB, and at 256 rows 1773 static instructions sampled (1069 greedy);
-unaligned, VGPRs 55-148, LDS 8-16 KiB, 3316 (2234). SGPRs that do not fit go to VGPR lanes,
+VGPRs 52-126, LDS 18-36 KiB, and at 256 rows 1573 static instructions sampled with the fast
+noise (1773 with vLLM's exact noise, 1069 greedy); unaligned, VGPRs 55-148, LDS 8-16 KiB, 3144
+(3316, 2234); the verify kernel 36 VGPRs, 473 instructions. SGPRs that do not fit go to VGPR lanes,
 never to memory (the scratch check). The H200 runs the same kernels
 (tests/test_fused_markov_gpu.py); no gfx942 has run them yet.
 """
@@ -30,7 +32,7 @@ from dsv41_gfx942_plugin.ops import fused_markov as F
 POINTERS = dict(
     input_ids="*i32", anchor="*i64", w1="*bf16", w2="*bf16", base="*bf16", idx="*i64",
     pos="*i64", temp="*fp32", seeds="*i64", cache="*bf16", tokens="*i64", win="*i64",
-    prev_keys="*i64", prev_toks="*i32", out_keys="*i64", out_toks="*i32",
+    prev_keys="*i64", prev_toks="*i32", out_keys="*i64", out_toks="*i32", bbest="*i32",
 )  # fmt: skip
 FIELDS = ("vgpr_count", "vgpr_spill_count", "sgpr_spill_count", "private_segment_fixed_size")
 MODES = {"sampled": (False, False), "greedy": (True, False), "fp64": (False, True)}
@@ -52,7 +54,7 @@ SPECS = {
 # (256 for the last).
 BUILDS = [
     f"{min(top, 256)}-{mode}-{spec}" for top, _ in F.GPU_CONFIGS for mode in MODES for spec in SPECS
-]
+] + [f"{min(top, 256)}-verify" for top, c in F.GPU_CONFIGS if c["FAST"]]
 
 
 def _attrs(arg_names: list[str], pointer) -> dict:
@@ -76,30 +78,36 @@ def _compile_all() -> dict:
 
     from dsv41_gfx942_plugin.ops import _markov_kernels as K
 
-    fn = K._markov_step_kernel
-    sig = {
-        n: POINTERS[n[:-4]] if n.endswith("_ptr") else "constexpr" if n.isupper() else "i32"
-        for n in fn.arg_names
-    }
-    attrs = {spec: _attrs(fn.arg_names, pointer) for spec, pointer in SPECS.items()}
     target = GPUTarget("hip", "gfx942", 64)
+
+    def build(fn, consts, spec, options):
+        sig = {
+            n: POINTERS[n[:-4]] if n.endswith("_ptr") else "constexpr" if n.isupper() else "i32"
+            for n in fn.arg_names
+        }
+        src = ASTSource(fn, sig, consts, _attrs(fn.arg_names, SPECS[spec]))
+        kernel = triton.compile(src, target=target, options=options)
+        asm = kernel.asm["amdgcn"]
+        figures = {f: int(re.search(rf"\.{f}:\s+(\d+)", asm).group(1)) for f in FIELDS}
+        figures["instructions"] = len(re.findall(r"^\s+[vs]_|^\s+(?:ds|global|buffer)_", asm, re.M))
+        figures["loads"] = sorted(set(re.findall(r"\b(?:global|buffer)_load_\w+", asm)))
+        figures["v_log"] = len(re.findall(r"^\s+v_log_f32", asm, re.M))
+        return dict(lds=kernel.metadata.shared, **figures)
+
     out = {}
     for top, _ in F.GPU_CONFIGS:
         rows = min(top, 256)
         cfg = F._config(rows, 129280, 256, False)
         options = {k: cfg.pop(k) for k in ("num_warps", "num_stages")}
+        fast_log = "amdgcn" if cfg["FAST_LOG"] else ""  # _config here names this CPU's backend
         for mode, (greedy, fp64) in MODES.items():
             consts = dict(cfg, RANK=256, GREEDY=greedy, USE_FP64=fp64, NB_CHUNK=F.NB_CHUNK)
+            consts["FAST_LOG"] = fast_log if mode == "sampled" else ""
             for spec in SPECS:
-                src = ASTSource(fn, dict(sig), consts, attrs[spec])
-                kernel = triton.compile(src, target=target, options=options)
-                asm = kernel.asm["amdgcn"]
-                figures = {f: int(re.search(rf"\.{f}:\s+(\d+)", asm).group(1)) for f in FIELDS}
-                figures["instructions"] = len(
-                    re.findall(r"^\s+[vs]_|^\s+(?:ds|global|buffer)_", asm, re.M)
-                )
-                figures["loads"] = sorted(set(re.findall(r"\b(?:global|buffer)_load_\w+", asm)))
-                out[f"{rows}-{mode}-{spec}"] = dict(lds=kernel.metadata.shared, **figures)
+                out[f"{rows}-{mode}-{spec}"] = build(K._markov_step_kernel, consts, spec, options)
+        if fast_log:
+            consts = dict(BV=cfg["BV"], NB_P2=2048, NATIVE_BF16=True)
+            out[f"{rows}-verify"] = build(K._markov_verify_kernel, consts, "jit", {"num_warps": 4})
     return out
 
 
@@ -125,7 +133,7 @@ def test_gfx942_resources(builds, build):
     assert b["lds"] <= 64 * 1024, b
     # At most 2 waves a SIMD above this (512 VGPRs a lane): too few to hide memory latency.
     assert b["vgpr_count"] <= 168, b
-    if not build.endswith("-unaligned"):
+    if build.endswith(("-jit", "-no-buffer-ops")):
         # Aligned rows stream markov_w2 and the logits 16 bytes a load, never 2.
         wide = "buffer_load_dwordx4" if build.endswith("-jit") else "global_load_dwordx4"
         assert wide in b["loads"] and not any("ushort" in x for x in b["loads"]), b

@@ -28,6 +28,14 @@ blocks in reverse, so a step starts on the blocks its predecessor read last, sti
    With fp64 noise the key has no room for the token: each program writes its block's best
    (key, token) to a scratch row and the next step scans the row's blocks (slower, rare).
 
+With ``FAST_LOG`` set (sampled fp32 drafts of large batches, ``fused_markov.GPU_CONFIGS``), step 4
+takes every token's noise from the hardware's log2 instruction (``_noise32``), within
+``FAST_NOISE_ERR`` of vLLM's noise, and each program also stores its block's best of each row;
+``_markov_verify_kernel`` then recomputes, with vLLM's exact noise, each row's blocks whose best
+comes within the error bound of the row's best, and writes the exact winner's key. A Gumbel
+race's runners-up lie about one unit apart, so that is one block a row but for about one row in
+a thousand: vLLM's exact noise is paid for 64 tokens a row instead of all of them.
+
 The last step's tokens come from ``_markov_last_kernel``, which also resets ``win`` (``-2**63``) for
 the next call, so every call starts from a clean slate without a fill launch.
 
@@ -51,6 +59,14 @@ from vllm.v1.worker.gpu.sample.gumbel import (
 KEY_MIN = tl.constexpr(-(2**63))
 # vLLM's offset salt of drafting positions (gumbel.py's _DRAFT_NOISE_SALT).
 DRAFT_NOISE_SALT = tl.constexpr(1 << 30)
+# Bound on |fast noise - vLLM's noise| over every fp32 uniform in (0, 1]. The GPU test measures
+# it exhaustively on the GPU at hand and requires at most a quarter of this (H200: see
+# tests/test_fused_markov_gpu.py); the series below 2**-7 alone is within u**2 / 3 (2**-15.6).
+FAST_NOISE_ERR = tl.constexpr(2.0**-10)
+# Relative slack for the rounding of ``y = logits / temp + noise`` (a few fp32 ulps of |y|).
+FAST_NOISE_REL = tl.constexpr(2.0**-20)
+FAST_SERIES_MAX = tl.constexpr(2.0**-7)
+LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
@@ -81,6 +97,35 @@ def _store_bf16(ptr, x, mask, NATIVE_BF16: tl.constexpr):
         tl.store(ptr, x.to(tl.bfloat16), mask=mask)
     else:
         tl.store(ptr, (x.to(tl.int32, bitcast=True) >> 16).to(tl.int16), mask=mask)
+
+
+@triton.jit
+def _fast_log(x, FAST_LOG: tl.constexpr):
+    """ln(x) for positive normal x from one log2 instruction (``lg2.approx.f32`` on sm_90,
+    ``v_log_f32`` on gfx942), without the exact log's range fix-ups; ``"interp"``: tl.log2."""
+    if FAST_LOG == "ptx":
+        l2 = tl.inline_asm_elementwise(
+            "lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
+    elif FAST_LOG == "amdgcn":
+        l2 = tl.inline_asm_elementwise(
+            "v_log_f32 $0, $1", "=v,v", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        l2 = tl.log2(x)
+    return l2 * LN2
+
+
+@triton.jit
+def _noise32(u, FAST_LOG: tl.constexpr):
+    """vLLM's fp32 Gumbel noise of the uniform ``u`` (``FAST_LOG`` empty), or its fast
+    approximation within ``FAST_NOISE_ERR``: ``log(1 - u)`` from the series ``-u (1 + u / 2)``
+    below ``FAST_SERIES_MAX``, else from the fast log of vLLM's clamped ``1 - u``."""
+    if FAST_LOG == "":
+        return -tl.log(-_log1p_neg_stable(u))
+    series = -u * (1.0 + 0.5 * u)
+    direct = _fast_log(tl.maximum(1.0 - u, 5.960464477539063e-08), FAST_LOG)
+    return -_fast_log(-tl.where(u < FAST_SERIES_MAX, series, direct), FAST_LOG)
 
 
 @triton.jit
@@ -167,6 +212,7 @@ def _markov_step_kernel(
     out_keys_ptr,  # this step's block bests (fp64 noise)
     out_toks_ptr,
     scr_stride,
+    bbest_ptr,  # int32 [max_rows, nb] this step's block bests (FAST_LOG)
     rows,
     vocab,
     step,
@@ -181,6 +227,7 @@ def _markov_step_kernel(
     USE_DOT: tl.constexpr,
     NATIVE_BF16: tl.constexpr,
     NB_CHUNK: tl.constexpr,
+    FAST_LOG: tl.constexpr,
 ):
     # Row tile fastest: the programs reading one block of markov_w2 run side by side (L2 hits).
     # Odd steps walk the vocabulary backwards: they start on the blocks the step before read
@@ -264,8 +311,7 @@ def _markov_step_kernel(
                 u = murmur3_uniform64(seed, pos, v[None, :])
                 noise = -tl.log(-tl.log(u))
             else:
-                u = murmur3_uniform32(seed, pos, v[None, :])
-                noise = -tl.log(-_log1p_neg_stable(u))
+                noise = _noise32(murmur3_uniform32(seed, pos, v[None, :]), FAST_LOG)
             y = tl.where(hot, y + noise, y)
 
     if PACKED:
@@ -275,11 +321,69 @@ def _markov_step_kernel(
         best, at = tl.max(order, axis=1, return_indices=True, return_indices_tie_break_left=True)
         key = (best.to(tl.int64) << 32) | (0xFFFFFFFF - (pid * BV + at).to(tl.int64))
         tl.atomic_max(win_ptr + step * win_stride + r, key, mask=rmask)
+        if FAST_LOG != "":
+            tl.store(bbest_ptr + r * scr_stride + pid, best, mask=rmask)
     else:
         key = tl.where(m2, _order64(y, GREEDY), KEY_MIN)
         best, at = tl.max(key, axis=1, return_indices=True, return_indices_tie_break_left=True)
         tl.store(out_keys_ptr + r * scr_stride + pid, best, mask=rmask)
         tl.store(out_toks_ptr + r * scr_stride + pid, pid * BV + at, mask=rmask)
+
+
+@triton.jit
+def _markov_verify_kernel(
+    win_ptr,
+    win_stride,
+    bbest_ptr,
+    scr_stride,
+    idx_ptr,
+    pos_ptr,
+    map_stride,
+    temp_ptr,
+    seeds_ptr,
+    cache_ptr,
+    cache_s0,
+    cache_s1,
+    vocab,
+    step,
+    nb,
+    BV: tl.constexpr,
+    NB_P2: tl.constexpr,
+    NATIVE_BF16: tl.constexpr,
+):
+    """Program r: row r's exact winner of a fast-noise step (``FAST_LOG``). A token whose exact
+    value reaches the row's exact best has a fast value within ``2 * delta`` of the row's fast
+    best ``m`` (each within ``delta`` of its exact one), so only the blocks whose fast best is
+    ``>= m - 2 * delta`` are recomputed, from the cached logits, with vLLM's noise. Rows without
+    noise (inert, zero temperature) and rows whose best is infinite or NaN (the noise cannot
+    move those) keep their key."""
+    r = tl.program_id(0)
+    req = tl.load(idx_ptr + r * map_stride)
+    live = req >= 0
+    temp = tl.load(temp_ptr + req, mask=live, other=0.0).to(tl.float32)
+    key = tl.load(win_ptr + step * win_stride + r)
+    o = (key >> 32).to(tl.int32)
+    m = tl.where(o >= 0, o, o ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+    if (temp != 0.0) & (tl.abs(m) < float("inf")):
+        delta = FAST_NOISE_ERR + tl.abs(m) * FAST_NOISE_REL
+        j = tl.arange(0, NB_P2)
+        bo = tl.load(bbest_ptr + r * scr_stride + j, mask=j < nb, other=-0x80000000)
+        cand = bo >= _order32(m - 2.0 * delta, False)
+        seed = spec_step_seed(tl.load(seeds_ptr + req), step)
+        pos = tl.load(pos_ptr + r * map_stride) - 1 + DRAFT_NOISE_SALT
+        best = tl.full([], KEY_MIN, tl.int64)
+        blk = tl.min(tl.where(cand, j, nb))
+        while blk < nb:
+            v = blk * BV + tl.arange(0, BV)
+            vmask = v < vocab
+            logits = _load_f32(cache_ptr + req * cache_s0 + step * cache_s1 + v, vmask, NATIVE_BF16)
+            y = logits / temp + _noise32(murmur3_uniform32(seed, pos, v), "")
+            order = tl.where(vmask, _order32(y, False), -0x80000000)
+            b, at = tl.max(order, axis=0, return_indices=True, return_indices_tie_break_left=True)
+            tok = (blk * BV + at).to(tl.int64)
+            best = tl.maximum(best, (b.to(tl.int64) << 32) | (0xFFFFFFFF - tok))
+            blk = tl.min(tl.where(cand & (j > blk), j, nb))
+        tl.store(win_ptr + step * win_stride + r, best)
 
 
 @triton.jit

@@ -7,12 +7,14 @@ launch (``_markov_kernels._markov_step_kernel``) over a grid of (row tile, vocab
 programs: each computes its tile's bias as a small GEMM (the programs sharing a block of
 ``markov_w2`` run together, so it leaves DRAM about once a step whatever the batch), adds the base
 logits, caches them, and reduces its block's Gumbel-max (vLLM's own noise) into one packed key a
-row; the next step's programs read the previous token from those keys. One small launch stores
-the last step's tokens. It serves greedy and probabilistic drafts, fp32 and fp64 noise, any batch
-up to the speculator's ``max_num_reqs``, and runs inside vLLM's CUDA graph of the draft step.
-On an H200 it beats vLLM's loop at every batch measured (``benchmarks/bench_markov.py``, graphed,
-5 steps: 1.81x at 1 row, 1.65x at 64, 1.43x at 256), so no batch size sends a step back to the
-loop.
+row; the next step's programs read the previous token from those keys. From 17 rows on, a
+sampled fp32 step takes every token's noise from the hardware's log2 (within a tested bound of
+vLLM's) and a small verify launch recomputes each row's few closest blocks with vLLM's exact
+noise, so the sampled tokens stay vLLM's. One small launch stores the last step's tokens. It
+serves greedy and probabilistic drafts, fp32 and fp64 noise, any batch up to the speculator's
+``max_num_reqs``, and runs inside vLLM's CUDA graph of the draft step. On an H200 it beats vLLM's
+loop at every batch measured (``benchmarks/bench_markov.py``, graphed, 5 steps: 1.81x at 1 row,
+1.74x at 64, 1.71x at 256), so no batch size sends a step back to the loop.
 
 Tokens equal vLLM's wherever the step's logits are bit-equal; a bias may differ from vLLM's in
 its last bf16 bit (another summation order of the same exact products), which changes only which
@@ -87,11 +89,19 @@ __all__ = ["sample_sequential"]
 # at 256 rows 32-row tiles 1138 us, 64-row tiles 1187 (BV 128, 8 warps: 1220), 128-row 1760.
 # An fp32 product sum in place of tl.dot was far slower (254 us at 1 row, 1523 us at 8); it
 # serves the interpreter only.
+# - FAST (sampled fp32 steps take the fast noise and the verify launch, _markov_kernels), one
+#   run against the exact noise: 8 / 16 / 32 / 64 / 128 / 256 rows 127.7 / 146.7 / 188.5 /
+#   286.3 / 474.7 / 843.4 us against 119.8 / 146.7 / 190.9 / 304.2 / 534.4 / 1010.9 (the 5
+#   verify launches cost about 6-14 us; a greedy draft, no noise at all: 219.8 / 359.1 / 693.2
+#   at 64 / 128 / 256 rows). With FAST, another run at 64 / 128 / 256 rows against 284.5 /
+#   467.6 / 842.3 us: 64-row tiles with 8 warps 271.5 / 454.9 / 831.8, with 4 warps 308.3 /
+#   527.0 / 970.2; BV 128 301.0 / 519.7 / 952.6, with 8 warps 287.7 / 492.9 / 909.4; BK 64
+#   279.9 / 490.2 / 902.9; 3 stages 300.3 / 483.5 / 864.7. Not adopted: 1-5%, one run.
 GPU_CONFIGS = (
-    (8, dict(BV=128, BK=64, R_TILE=16, num_warps=4, num_stages=3)),
-    (16, dict(BV=64, BK=64, R_TILE=16, num_warps=4, num_stages=3)),
-    (32, dict(BV=64, BK=64, R_TILE=32, num_warps=4, num_stages=3)),
-    (1 << 30, dict(BV=64, BK=32, R_TILE=32, num_warps=4, num_stages=4)),
+    (8, dict(BV=128, BK=64, R_TILE=16, num_warps=4, num_stages=3, FAST=False)),
+    (16, dict(BV=64, BK=64, R_TILE=16, num_warps=4, num_stages=3, FAST=False)),
+    (32, dict(BV=64, BK=64, R_TILE=32, num_warps=4, num_stages=3, FAST=True)),
+    (1 << 30, dict(BV=64, BK=32, R_TILE=32, num_warps=4, num_stages=4, FAST=True)),
 )
 DOT_MIN_TILE = 16
 # Under the interpreter every program costs Python time (about 0.1 s on a CI core): large
@@ -208,9 +218,10 @@ def _scratch(spec, device: torch.device, vocab: int) -> dict:
     key = _key(spec, device, vocab)
     if key not in _buffers:
         rows, n_spec = spec.max_num_reqs, spec.num_speculative_steps
+        nb = triton.cdiv(vocab, MIN_BV)
         buf = {"win": torch.full((n_spec, rows), -(2**63), dtype=torch.int64, device=device)}
+        buf["bbest"] = torch.empty(rows, nb, dtype=torch.int32, device=device)
         if spec.use_fp64_gumbel:
-            nb = triton.cdiv(vocab, MIN_BV)
             buf["keys"] = [torch.empty(rows, nb, dtype=torch.int64, device=device) for _ in "ab"]
             buf["toks"] = [torch.empty(rows, nb, dtype=torch.int32, device=device) for _ in "ab"]
         _buffers[key] = buf
@@ -221,17 +232,25 @@ def _config(num_reqs: int, vocab: int, rank: int, interpreted: bool, over=None) 
     """Block sizes of a step launch for this batch; on a GPU, ``over`` replaces entries of the
     table's configuration (``benchmarks/bench_markov.py --sweep``)."""
     rows = triton.next_power_of_2(num_reqs)
+    fast = next(c["FAST"] for top, c in GPU_CONFIGS if rows <= top)
     if interpreted:
         bv = min(BV_INTERP, triton.next_power_of_2(vocab))
         tile = max(INTERP_MIN_TILE, min(rows, INTERP_MAX_TILE))
         bk = min(64, max(8, INTERP_MAX_PRODUCT // (tile * bv)))
         return dict(
-            BV=bv, BK=bk, R_TILE=tile, R_EPI=min(rows, tile), USE_DOT=False, NATIVE_BF16=False
+            BV=bv,
+            BK=bk,
+            R_TILE=tile,
+            R_EPI=min(rows, tile),
+            USE_DOT=False,
+            NATIVE_BF16=False,
+            FAST_LOG="interp" if fast else "",
         )
     cfg = next(dict(c) for top, c in GPU_CONFIGS if rows <= top) | (over or {})
     cfg["BK"] = min(cfg["BK"], rank & -rank)  # a power of 2 that divides the rank
     cfg["R_TILE"] = tile = max(DOT_MIN_TILE, min(rows, cfg["R_TILE"]))
-    return dict(cfg, R_EPI=min(rows, tile), USE_DOT=True, NATIVE_BF16=True)
+    fast_log = ("amdgcn" if torch.version.hip else "ptx") if cfg.pop("FAST") else ""
+    return dict(cfg, R_EPI=min(rows, tile), USE_DOT=True, NATIVE_BF16=True, FAST_LOG=fast_log)
 
 
 def sample_sequential(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
@@ -279,12 +298,15 @@ def _launch(spec, num_reqs: int, base: torch.Tensor, w1: torch.Tensor, w2: torch
     greedy = spec.draft_logits is None
     fp64 = bool(spec.use_fp64_gumbel) and not greedy
     cfg = cfg or _config(num_reqs, vocab, w1.shape[1], _interpreted(device))
+    if greedy or fp64:  # no fp32 noise to approximate
+        cfg = dict(cfg, FAST_LOG="")
     buf = _scratch(spec, device, vocab)
     win = buf["win"]
     nb = triton.cdiv(vocab, cfg["BV"])
     grid = (triton.cdiv(num_reqs, cfg["R_TILE"]), nb)
     keys, toks = buf.get("keys", [win, win]), buf.get("toks", [win, win])
-    scr_stride = keys[0].stride(0)
+    bbest = buf["bbest"]
+    scr_stride = bbest.stride(0)
     num_sample = num_reqs * n_spec
     idx_map = spec.sample_idx_mapping[:num_sample].view(num_reqs, n_spec)
     pos = spec.sample_pos[:num_sample].view(num_reqs, n_spec)
@@ -293,6 +315,10 @@ def _launch(spec, num_reqs: int, base: torch.Tensor, w1: torch.Tensor, w2: torch
         w1, w2, base, cache = (t.view(torch.int16) for t in (w1, w2, base, cache))
     tokens = spec.draft_tokens
     for step in range(n_spec):
+        # The step's sampling state (requests, positions, temperatures, seeds, logits cache), in
+        # the order both kernels take it.
+        sampling = (idx_map[:, step], pos[:, step], idx_map.stride(0), spec.temperature)
+        sampling += (spec.seeds, cache, cache.stride(0), cache.stride(1))
         K._markov_step_kernel[grid](
             spec.input_buffers.input_ids,
             spec._anchor_idx,
@@ -301,14 +327,7 @@ def _launch(spec, num_reqs: int, base: torch.Tensor, w1: torch.Tensor, w2: torch
             w2,
             base[:, step],
             base.stride(0),
-            idx_map[:, step],
-            pos[:, step],
-            idx_map.stride(0),
-            spec.temperature,
-            spec.seeds,
-            cache,
-            cache.stride(0),
-            cache.stride(1),
+            *sampling,
             tokens,
             tokens.stride(0),
             win,
@@ -318,6 +337,7 @@ def _launch(spec, num_reqs: int, base: torch.Tensor, w1: torch.Tensor, w2: torch
             keys[step % 2],
             toks[step % 2],
             scr_stride,
+            bbest,
             num_reqs,
             vocab,
             step,
@@ -328,6 +348,20 @@ def _launch(spec, num_reqs: int, base: torch.Tensor, w1: torch.Tensor, w2: torch
             NB_CHUNK=NB_CHUNK,
             **cfg,
         )
+        if cfg["FAST_LOG"]:
+            K._markov_verify_kernel[(num_reqs,)](
+                win,
+                win.stride(0),
+                bbest,
+                bbest.stride(0),
+                *sampling,
+                vocab,
+                step,
+                nb,
+                BV=cfg["BV"],
+                NB_P2=triton.next_power_of_2(nb),
+                NATIVE_BF16=cfg["NATIVE_BF16"],
+            )
     r_tile = min(triton.next_power_of_2(num_reqs), 64)
     K._markov_last_kernel[(triton.cdiv(num_reqs, r_tile),)](
         tokens,
