@@ -161,7 +161,7 @@ def _noises_kernel(exact_ptr, fast_ptr, seeds_ptr, req, pos, step, vocab, BLOCK:
     seed = spec_step_seed(tl.load(seeds_ptr + req), step)
     u = murmur3_uniform32(seed, pos - 1 + K.DRAFT_NOISE_SALT, v)
     tl.store(exact_ptr + v, K._noise32(u, ""), mask=v < vocab)
-    tl.store(fast_ptr + v, K._noise32(u, "interp"), mask=v < vocab)
+    tl.store(fast_ptr + v, K._noise32(u, "log2"), mask=v < vocab)
 
 
 def test_fast_noise_takes_the_exact_winner():
@@ -169,7 +169,7 @@ def test_fast_noise_takes_the_exact_winner():
     order them the other way round than vLLM's noise (found by search): the fused path with the
     fast noise must still sample vLLM's token for that row, and every other row too."""
     vocab, rows = 20000, 20
-    assert F._config(rows, vocab, 64, True)["FAST_LOG"] == "interp"
+    assert F._config(rows, vocab, 64, True)["FAST_LOG"] == "log2"
     bv = F._config(rows, vocab, 64, True)["BV"]
     spec, hidden = R.make_case(
         vocab=vocab, rows=rows, n_spec=1, temps=(1.0,), inert=0.0, seed=81, adversarial=False

@@ -48,6 +48,7 @@ products are upcast to fp32 and summed (exact products, so the sums differ only 
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import libdevice as cuda_libdevice
 from vllm.v1.worker.gpu.sample.gumbel import (
     _log1p_neg_stable,
     murmur3_uniform32,
@@ -101,19 +102,14 @@ def _store_bf16(ptr, x, mask, NATIVE_BF16: tl.constexpr):
 
 @triton.jit
 def _fast_log(x, FAST_LOG: tl.constexpr):
-    """ln(x) for positive normal x from one log2 instruction (``lg2.approx.f32`` on sm_90,
-    ``v_log_f32`` on gfx942), without the exact log's range fix-ups; ``"interp"``: tl.log2."""
+    """ln(x) for positive normal x, fast: ``"ptx"`` libdevice's ``__nv_fast_logf`` (one
+    ``lg2.approx`` where the exact ``logf`` is a software routine); otherwise ``tl.log2`` (on
+    gfx942 one ``v_log_f32`` with its denormal scaling, without the exact log's extra-precision
+    fix-up; no inline assembly, so the compiler keeps the wait state a gfx942 transcendental's
+    result needs; under the interpreter, numpy's log2)."""
     if FAST_LOG == "ptx":
-        l2 = tl.inline_asm_elementwise(
-            "lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
-        )
-    elif FAST_LOG == "amdgcn":
-        l2 = tl.inline_asm_elementwise(
-            "v_log_f32 $0, $1", "=v,v", [x], dtype=tl.float32, is_pure=True, pack=1
-        )
-    else:
-        l2 = tl.log2(x)
-    return l2 * LN2
+        return cuda_libdevice.fast_logf(x)
+    return tl.log2(x) * LN2
 
 
 @triton.jit

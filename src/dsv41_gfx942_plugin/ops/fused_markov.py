@@ -14,7 +14,7 @@ noise, so the sampled tokens stay vLLM's. One small launch stores the last step'
 serves greedy and probabilistic drafts, fp32 and fp64 noise, any batch up to the speculator's
 ``max_num_reqs``, and runs inside vLLM's CUDA graph of the draft step. On an H200 it beats vLLM's
 loop at every batch measured (``benchmarks/bench_markov.py``, graphed, 5 steps: 1.81x at 1 row,
-1.74x at 64, 1.71x at 256), so no batch size sends a step back to the loop.
+1.76x at 64, 1.75x at 256), so no batch size sends a step back to the loop.
 
 Tokens equal vLLM's wherever the step's logits are bit-equal; a bias may differ from vLLM's in
 its last bf16 bit (another summation order of the same exact products), which changes only which
@@ -90,13 +90,14 @@ __all__ = ["sample_sequential"]
 # An fp32 product sum in place of tl.dot was far slower (254 us at 1 row, 1523 us at 8); it
 # serves the interpreter only.
 # - FAST (sampled fp32 steps take the fast noise and the verify launch, _markov_kernels), one
-#   run against the exact noise: 8 / 16 / 32 / 64 / 128 / 256 rows 127.7 / 146.7 / 188.5 /
-#   286.3 / 474.7 / 843.4 us against 119.8 / 146.7 / 190.9 / 304.2 / 534.4 / 1010.9 (the 5
-#   verify launches cost about 6-14 us; a greedy draft, no noise at all: 219.8 / 359.1 / 693.2
-#   at 64 / 128 / 256 rows). With FAST, another run at 64 / 128 / 256 rows against 284.5 /
-#   467.6 / 842.3 us: 64-row tiles with 8 warps 271.5 / 454.9 / 831.8, with 4 warps 308.3 /
-#   527.0 / 970.2; BV 128 301.0 / 519.7 / 952.6, with 8 warps 287.7 / 492.9 / 909.4; BK 64
-#   279.9 / 490.2 / 902.9; 3 stages 300.3 / 483.5 / 864.7. Not adopted: 1-5%, one run.
+#   run against the exact noise: 16 / 32 / 64 / 128 / 256 rows 144.6 / 188.8 / 286.9 / 451.6 /
+#   824.8 us against 145.2 / 190.9 / 306.6 / 531.8 / 1013.8; 8 rows, with the fast log as
+#   inline assembly, 127.7 against 119.8 (the 5 verify launches cost about 6-14 us; a greedy
+#   draft, no noise at all: 219.8 / 359.1 / 693.2 at 64 / 128 / 256 rows). With FAST, another
+#   run at 64 / 128 / 256 rows against 284.5 / 467.6 / 842.3 us: 64-row tiles with 8 warps
+#   271.5 / 454.9 / 831.8, with 4 warps 308.3 / 527.0 / 970.2; BV 128 301.0 / 519.7 / 952.6,
+#   with 8 warps 287.7 / 492.9 / 909.4; BK 64 279.9 / 490.2 / 902.9; 3 stages 300.3 / 483.5 /
+#   864.7. Not adopted: 1-5%, one run.
 GPU_CONFIGS = (
     (8, dict(BV=128, BK=64, R_TILE=16, num_warps=4, num_stages=3, FAST=False)),
     (16, dict(BV=64, BK=64, R_TILE=16, num_warps=4, num_stages=3, FAST=False)),
@@ -244,12 +245,12 @@ def _config(num_reqs: int, vocab: int, rank: int, interpreted: bool, over=None) 
             R_EPI=min(rows, tile),
             USE_DOT=False,
             NATIVE_BF16=False,
-            FAST_LOG="interp" if fast else "",
+            FAST_LOG="log2" if fast else "",
         )
     cfg = next(dict(c) for top, c in GPU_CONFIGS if rows <= top) | (over or {})
     cfg["BK"] = min(cfg["BK"], rank & -rank)  # a power of 2 that divides the rank
     cfg["R_TILE"] = tile = max(DOT_MIN_TILE, min(rows, cfg["R_TILE"]))
-    fast_log = ("amdgcn" if torch.version.hip else "ptx") if cfg.pop("FAST") else ""
+    fast_log = ("log2" if torch.version.hip else "ptx") if cfg.pop("FAST") else ""
     return dict(cfg, R_EPI=min(rows, tile), USE_DOT=True, NATIVE_BF16=True, FAST_LOG=fast_log)
 
 
