@@ -48,7 +48,7 @@ products are upcast to fp32 and summed (exact products, so the sums differ only 
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import libdevice as cuda_libdevice
+from triton.language.extra import libdevice
 from vllm.v1.worker.gpu.sample.gumbel import (
     _log1p_neg_stable,
     murmur3_uniform32,
@@ -108,7 +108,7 @@ def _fast_log(x, FAST_LOG: tl.constexpr):
     fix-up; no inline assembly, so the compiler keeps the wait state a gfx942 transcendental's
     result needs; under the interpreter, numpy's log2)."""
     if FAST_LOG == "ptx":
-        return cuda_libdevice.fast_logf(x)
+        return libdevice.fast_logf(x)  # the backend's libdevice, resolved at compile time
     return tl.log2(x) * LN2
 
 
