@@ -25,9 +25,6 @@ if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 import pytest  # noqa: E402
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-from vllm.v1.worker.gpu.sample.gumbel import murmur3_uniform32, spec_step_seed  # noqa: E402
 
 import ref_markov as R  # noqa: E402
 from dsv41_gfx942_plugin.ops import _markov_kernels as K  # noqa: E402
@@ -154,45 +151,27 @@ def test_nan_logits():
             R.check_rule(spec, 4, R.model_base(spec, 4, hidden), R.model_bias_fn(spec), ref, out)
 
 
-@triton.jit
-def _noises_kernel(exact_ptr, fast_ptr, seeds_ptr, req, pos, step, vocab, BLOCK: tl.constexpr):
-    """A row's fp32 noise for every token, vLLM's and the fast one (as the step kernel keys it)."""
-    v = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    seed = spec_step_seed(tl.load(seeds_ptr + req), step)
-    u = murmur3_uniform32(seed, pos - 1 + K.DRAFT_NOISE_SALT, v)
-    tl.store(exact_ptr + v, K._noise32(u, ""), mask=v < vocab)
-    tl.store(fast_ptr + v, K._noise32(u, "log2"), mask=v < vocab)
-
-
 def test_fast_noise_takes_the_exact_winner():
     """Two live tokens with equal logits, in different vocabulary blocks, whose fast noises
     order them the other way round than vLLM's noise (found by search): the fused path with the
     fast noise must still sample vLLM's token for that row, and every other row too."""
     vocab, rows = 20000, 20
-    assert F._config(rows, vocab, 64, True)["FAST_LOG"] == "log2"
-    bv = F._config(rows, vocab, 64, True)["BV"]
+    cfg = F._config(rows, vocab, 64, True)
+    assert cfg["FAST_LOG"] == "log2"
     spec, hidden = R.make_case(
         vocab=vocab, rows=rows, n_spec=1, temps=(1.0,), inert=0.0, seed=81, adversarial=False
     )
-    req, pos = int(spec.sample_idx_mapping[0]), int(spec.sample_pos[0])
-    exact, fast = torch.empty(vocab), torch.empty(vocab)
-    _noises_kernel[(triton.cdiv(vocab, 1024),)](exact, fast, spec.seeds, req, pos, 0, vocab, 1024)
-    order = torch.argsort(exact, descending=True, stable=True)
-    a = b = None
-    for i in range(vocab - 1):  # neighbours in vLLM's order that the fast noise swaps
-        x, y = sorted((int(order[i]), int(order[i + 1])))
-        exact_first = exact[x] >= exact[y]
-        if x // bv != y // bv and exact_first != (fast[x] >= fast[y]):
-            a, b = x, y
-            break
-    assert a is not None, "no swapped pair in this row: pick another seed"
+    from noise_pairs import swapped_pair
+
+    found = swapped_pair(spec, vocab, cfg["BV"], cfg["FAST_LOG"])
+    assert found, "no swapped pair in this row: pick another seed"
+    a, b, vllm_token = found
     w2 = spec.model.model.markov_head.markov_w2.weight.data
     w2[b] = w2[a]
     spec.model.base[:] = float("-inf")
     spec.model.base[:, a] = spec.model.base[:, b] = 1.0
     took, ref, out = R.run_both(spec, rows, hidden, F.sample_sequential)
     assert took
-    vllm_token = a if exact[a] >= exact[b] else b
     assert int(ref["tokens"][0, 0]) == vllm_token  # the search keyed the noise as vLLM does
     assert torch.equal(out["tokens"][:rows], ref["tokens"][:rows])
 

@@ -92,6 +92,27 @@ def test_cuda_graph_replay_new_seeds(rows):
     assert (win == -(2**63)).all()
 
 
+def test_fast_noise_takes_the_exact_winner():
+    """As the CPU test of that name, with this GPU's fast log and DSv4.1's vocabulary: two tokens
+    of equal logits whose fast noises swap vLLM's order; the fused launches sample vLLM's."""
+    rows = 64
+    cfg = F._config(rows, V, 256, False)
+    spec, w1, w2, base3 = R.make_plain_case(
+        vocab=V, rank=256, rows=rows, n_spec=1, temps=(1.0,), inert=0.0, seed=5
+    )
+    from noise_pairs import swapped_pair
+
+    found = swapped_pair(spec, V, cfg["BV"], cfg["FAST_LOG"])
+    assert found, "no swapped pair in this row: pick another seed"
+    a, b, vllm_token = found
+    w2[b] = w2[a]
+    base3[:] = float("-inf")
+    base3[:, :, a] = base3[:, :, b] = 1.0
+    ref, out = R.run_both_plain(spec, rows, base3, w1, w2, F._launch)
+    assert int(ref["tokens"][0, 0]) == vllm_token
+    assert torch.equal(out["tokens"][:rows], ref["tokens"][:rows])
+
+
 def test_fast_noise_error_bound():
     """Every fp32 in [2**-33, 1], a superset of the uniforms vLLM's ``murmur3_uniform32`` draws
     (``hi16 * 2**-16 + (lo16 + 0.5) * 2**-32``, never below 2**-33): the fast noise of this GPU's

@@ -33,8 +33,9 @@ takes every token's noise from the hardware's log2 instruction (``_noise32``), w
 ``FAST_NOISE_ERR`` of vLLM's noise, and each program also stores its block's best of each row;
 ``_markov_verify_kernel`` then recomputes, with vLLM's exact noise, each row's blocks whose best
 comes within the error bound of the row's best, and writes the exact winner's key. A Gumbel
-race's runners-up lie about one unit apart, so that is one block a row but for about one row in
-a thousand: vLLM's exact noise is paid for 64 tokens a row instead of all of them.
+race's runner-up trails the winner by about one unit (an exponential gap), so that is one block a
+row but for about one row in five hundred: vLLM's exact noise is paid for 64 tokens a row
+instead of all of them.
 
 The last step's tokens come from ``_markov_last_kernel``, which also resets ``win`` (``-2**63``) for
 the next call, so every call starts from a clean slate without a fill launch.
@@ -60,9 +61,9 @@ from vllm.v1.worker.gpu.sample.gumbel import (
 KEY_MIN = tl.constexpr(-(2**63))
 # vLLM's offset salt of drafting positions (gumbel.py's _DRAFT_NOISE_SALT).
 DRAFT_NOISE_SALT = tl.constexpr(1 << 30)
-# Bound on |fast noise - vLLM's noise| over every fp32 uniform in (0, 1]. The GPU test measures
-# it exhaustively on the GPU at hand and requires at most a quarter of this (H200: see
-# tests/test_fused_markov_gpu.py); the series below 2**-7 alone is within u**2 / 3 (2**-15.6).
+# Bound on |fast noise - vLLM's noise| over every uniform vLLM draws (fp32 in [2**-33, 1]). The
+# GPU test measures it exhaustively on the GPU at hand and requires at most a quarter of this
+# (H200: 2.05e-5, the series below 2**-7, whose error is within u**2 / 3 = 2**-15.6).
 FAST_NOISE_ERR = tl.constexpr(2.0**-10)
 # Relative slack for the rounding of ``y = logits / temp + noise`` (a few fp32 ulps of |y|).
 FAST_NOISE_REL = tl.constexpr(2.0**-20)

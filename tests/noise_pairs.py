@@ -1,0 +1,43 @@
+"""A search for inputs on which the fused Markov path's fast noise is wrong (tests only).
+
+Imported by the tests that use it, when they run (not at collection), so that its kernel is
+decorated under the Triton interpreter when the CPU tests turned it on.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from vllm.v1.worker.gpu.sample.gumbel import murmur3_uniform32, spec_step_seed
+
+from dsv41_gfx942_plugin.ops import _markov_kernels as K
+
+
+@triton.jit
+def _noises(exact_ptr, fast_ptr, seeds_ptr, req, pos, vocab, FAST_LOG: tl.constexpr):
+    v = tl.program_id(0) * 1024 + tl.arange(0, 1024)
+    u = murmur3_uniform32(spec_step_seed(tl.load(seeds_ptr + req), 0), pos, v)
+    tl.store(exact_ptr + v, K._noise32(u, ""), mask=v < vocab)
+    tl.store(fast_ptr + v, K._noise32(u, FAST_LOG), mask=v < vocab)
+
+
+def swapped_pair(spec, vocab: int, bv: int, fast_log: str):
+    """Two tokens ``a < b`` in different vocabulary blocks of ``bv`` tokens whose fast noises
+    (``fast_log``) order them the other way round than vLLM's noise does, at the first row's
+    first draft step, and vLLM's winner between them when their logits are equal; None when that
+    row has no such pair. Noise keyed as the step kernel keys it (seed, salted position, token)."""
+    req = int(spec.sample_idx_mapping[0])
+    pos = int(spec.sample_pos[0]) - 1 + K.DRAFT_NOISE_SALT.value
+    exact = torch.empty(vocab, device=spec.seeds.device)
+    fast = torch.empty_like(exact)
+    _noises[(triton.cdiv(vocab, 1024),)](exact, fast, spec.seeds, req, pos, vocab, fast_log)
+    exact, fast = exact.cpu(), fast.cpu()
+    order = torch.argsort(exact, descending=True, stable=True)  # neighbours in vLLM's order
+    a, b = torch.minimum(order[:-1], order[1:]), torch.maximum(order[:-1], order[1:])
+    swapped = (a // bv != b // bv) & ((exact[a] >= exact[b]) != (fast[a] >= fast[b]))
+    if not swapped.any():
+        return None
+    i = int(swapped.nonzero()[0])
+    a, b = int(a[i]), int(b[i])
+    return a, b, a if exact[a] >= exact[b] else b
