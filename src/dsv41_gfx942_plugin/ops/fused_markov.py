@@ -98,6 +98,11 @@ __all__ = ["sample_sequential"]
 #   271.5 / 454.9 / 831.8, with 4 warps 308.3 / 527.0 / 970.2; BV 128 301.0 / 519.7 / 952.6,
 #   with 8 warps 287.7 / 492.9 / 909.4; BK 64 279.9 / 490.2 / 902.9; 3 stages 300.3 / 483.5 /
 #   864.7. Not adopted: 1-5%, one run.
+# - With the GEMM transposed (tokens as M), one run at 32 / 64 / 256 rows against 168.7 / 267.6 /
+#   766.9 us: BV 128 with 8 warps 171.7 / 251.0 / 730.5, BV 128 178.8 / 258.9 / 789.7, 64-row
+#   tiles 168.5 / 271.9 / 833.0 (8 warps 171.4 / 261.1 / 777.4), BK 64 172.5 / 288.0 / 956.7,
+#   16-row tiles 202.9 / 349.1 / 1095.3. Not adopted: BV 128 / 8 warps' 5-6% above 32 rows is
+#   within the spread of this kernel between runs (763-797 us at 256 rows); worth a repeat.
 GPU_CONFIGS = (
     (8, dict(BV=128, BK=64, R_TILE=16, num_warps=4, num_stages=3, FAST=False)),
     (16, dict(BV=64, BK=64, R_TILE=16, num_warps=4, num_stages=3, FAST=False)),
