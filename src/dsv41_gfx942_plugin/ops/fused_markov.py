@@ -235,8 +235,10 @@ def _scratch(spec, device: torch.device, vocab: int) -> dict:
 
 
 def _config(num_reqs: int, vocab: int, rank: int, interpreted: bool, over=None) -> dict:
-    """Block sizes of a step launch for this batch; on a GPU, ``over`` replaces entries of the
-    table's configuration (``benchmarks/bench_markov.py --sweep``)."""
+    """Block sizes of a step launch for this batch, and ``FAST_LOG``: the fast noise's log on
+    this backend ("ptx" on CUDA, "log2" on ROCm and in the interpreter), or "" for vLLM's exact
+    noise on every token. On a GPU, ``over`` replaces entries of the table's configuration
+    (``benchmarks/bench_markov.py --sweep``)."""
     rows = triton.next_power_of_2(num_reqs)
     fast = next(c["FAST"] for top, c in GPU_CONFIGS if rows <= top)
     if interpreted:
