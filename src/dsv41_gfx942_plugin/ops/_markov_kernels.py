@@ -137,6 +137,13 @@ def _order32(y, NAN_MAX: tl.constexpr):
 
 
 @triton.jit
+def _pack_key(order, token):
+    """The int64 winner key of an ``_order32`` value and its token: ``order << 32 | (2**32 - 1 -
+    token)``, so the larger value wins and, among equal ones, the first token."""
+    return (order.to(tl.int64) << 32) | (0xFFFFFFFF - token.to(tl.int64))
+
+
+@triton.jit
 def _order64(y, NAN_MAX: tl.constexpr):
     """int64 whose signed order is y's (fp64), as ``_order32``; NaN stays above the key floor."""
     y = tl.where(y == 0.0, 0.0, y)
@@ -322,7 +329,7 @@ def _markov_step_kernel(
         # int64 key a row.
         order = tl.where(m2, _order32(y, GREEDY), -0x80000000)
         best, at = tl.max(order, axis=1, return_indices=True, return_indices_tie_break_left=True)
-        key = (best.to(tl.int64) << 32) | (0xFFFFFFFF - (pid * BV + at).to(tl.int64))
+        key = _pack_key(best, pid * BV + at)
         tl.atomic_max(win_ptr + step * win_stride + r, key, mask=rmask)
         if FAST_LOG != "":
             tl.store(bbest_ptr + r * scr_stride + pid, best, mask=rmask)
@@ -383,8 +390,7 @@ def _markov_verify_kernel(
             y = logits / temp + _noise32(murmur3_uniform32(seed, pos, v), "")
             order = tl.where(vmask, _order32(y, False), -0x80000000)
             b, at = tl.max(order, axis=0, return_indices=True, return_indices_tie_break_left=True)
-            tok = (blk * BV + at).to(tl.int64)
-            best = tl.maximum(best, (b.to(tl.int64) << 32) | (0xFFFFFFFF - tok))
+            best = tl.maximum(best, _pack_key(b, blk * BV + at))
             blk = tl.min(tl.where(cand & (j > blk), j, nb))
         tl.store(win_ptr + step * win_stride + r, best)
 
