@@ -13,8 +13,8 @@ vLLM's) and a small verify launch recomputes each row's few closest blocks with 
 noise, so the sampled tokens stay vLLM's. One small launch stores the last step's tokens. It
 serves greedy and probabilistic drafts, fp32 and fp64 noise, any batch up to the speculator's
 ``max_num_reqs``, and runs inside vLLM's CUDA graph of the draft step. On an H200 it beats vLLM's
-loop at every batch measured (``benchmarks/bench_markov.py``, graphed, 5 steps: 1.80x at 1 row,
-1.79x at 64, 1.79x at 256), so no batch size sends a step back to the loop.
+loop at every batch measured (``benchmarks/bench_markov.py``, graphed, 5 steps: 1.82x at 1 row,
+1.98x at 64, 1.97x at 256), so no batch size sends a step back to the loop.
 
 Tokens equal vLLM's wherever the step's logits are bit-equal; a bias may differ from vLLM's in
 its last bf16 bit (another summation order of the same exact products), which changes only which
@@ -101,13 +101,26 @@ __all__ = ["sample_sequential"]
 # - With the GEMM transposed (tokens as M), one run at 32 / 64 / 256 rows against 168.7 / 267.6 /
 #   766.9 us: BV 128 with 8 warps 171.7 / 251.0 / 730.5, BV 128 178.8 / 258.9 / 789.7, 64-row
 #   tiles 168.5 / 271.9 / 833.0 (8 warps 171.4 / 261.1 / 777.4), BK 64 172.5 / 288.0 / 956.7,
-#   16-row tiles 202.9 / 349.1 / 1095.3. Not adopted: BV 128 / 8 warps' 5-6% above 32 rows is
-#   within the spread of this kernel between runs (763-797 us at 256 rows); worth a repeat.
+#   16-row tiles 202.9 / 349.1 / 1095.3. BV 128 with 8 warps repeated, two rounds of another
+#   run, 32 / 64 / 128 / 256 rows against 169.1-173.6 / 269.0-278.7 / 451.5-454.0 / 764.1-773.7:
+#   171.6-172.5 / 248.9-251.3 / 405.7-408.1 / 730.1-732.5, the same tokens and cached logits:
+#   adopted above 32 rows (gfx942: 70 VGPRs, 30 KiB LDS at 256 rows, 66 and 18 KiB before).
+#   Around it, one run, two rounds, 64 / 128 / 256 rows against 244.2-247.6 / 404.5-405.8 /
+#   727.3-728.2 us: BV 64 with 4 warps 262.0-270.4 / 441.5-443.8 / 751.9-771.3, BK 64 303.6-307.6
+#   / 541.4-541.8 / 1013.2-1050.1, 3 stages 254.9-255.1 / 414.3-416.1 / 736.8-744.4, 64-row
+#   tiles 280.9-281.6 / 477.6-480.1 / 888.1-890.4, 16-row tiles 316.0-316.1 / 559.9-563.2 /
+#   1058.1-1061.2, BV 256 281.5-282.4 / 473.2-474.4 / 861.2-863.8, 4 warps 257.8-257.9 /
+#   430.0-430.6 / 790.9-792.0.
+# - Each program holding its block of markov_w2 on chip (the whole rank, loaded once) while it
+#   walks every row tile (grid (1, blocks); L2 traffic a step 776 -> about 330 MB at 256 rows),
+#   same run: 32 / 64 / 128 / 256 rows 232.6 / 371.3 / 643.6 / 1207.8 us at its best (2 stages;
+#   BV 128 with 8 warps 209.3 / 321.8 / 550.9 / 1018.9), 194-256 VGPRs on gfx942: the serial
+#   row tiles cost more than the L2 traffic they save. Not adopted.
 GPU_CONFIGS = (
     (8, dict(BV=128, BK=64, R_TILE=16, num_warps=4, num_stages=3, FAST=False)),
     (16, dict(BV=64, BK=64, R_TILE=16, num_warps=4, num_stages=3, FAST=False)),
     (32, dict(BV=64, BK=64, R_TILE=32, num_warps=4, num_stages=3, FAST=True)),
-    (1 << 30, dict(BV=64, BK=32, R_TILE=32, num_warps=4, num_stages=4, FAST=True)),
+    (1 << 30, dict(BV=128, BK=32, R_TILE=32, num_warps=8, num_stages=4, FAST=True)),
 )
 DOT_MIN_TILE = 16
 # Under the interpreter every program costs Python time (about 0.1 s on a CI core): large
