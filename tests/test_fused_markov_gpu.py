@@ -92,6 +92,30 @@ def test_cuda_graph_replay_new_seeds(rows):
     assert (win == -(2**63)).all()
 
 
+@pytest.mark.parametrize("rows", [8, 64])
+def test_sampled_nan_never_wins(rows):
+    """NaN base logits in a sampled draft (64 rows take the fast noise): a NaN never wins, as in
+    vLLM's Gumbel kernel under the interpreter. On a GPU vLLM's block reduction keeps or drops a
+    NaN by where it sits, so the reference is vLLM's loop with those logits at -inf. The NaNs sit
+    on every token that loop samples without them: a winner that let a NaN through, or lost the
+    rest of its block around one, differs."""
+    spec, w1, w2, base3 = R.make_plain_case(vocab=V, rank=256, rows=rows, seed=23)
+    start = R.snapshot(spec)
+    R.transcribed_loop(spec, rows, base3, w1, w2)
+    cols = spec.draft_tokens[:rows].flatten().unique()
+    dropped, nan = base3.clone(), base3.clone()
+    dropped[:, :, cols] = float("-inf")
+    nan[:, :, cols] = float("nan")
+    R._restore(spec, start)
+    R.transcribed_loop(spec, rows, dropped, w1, w2)
+    ref = R.snapshot(spec)
+    R._restore(spec, start)
+    F._launch(spec, rows, nan, w1, w2)
+    out = R.snapshot(spec)
+    assert not torch.isin(out["tokens"][:rows], cols).any()
+    assert torch.equal(out["tokens"][:rows], ref["tokens"][:rows])
+
+
 def test_fast_noise_takes_the_exact_winner():
     """As the CPU test of that name, with this GPU's fast log and DSv4.1's vocabulary: two tokens
     of equal logits whose fast noises swap vLLM's order; the fused launches sample vLLM's."""
