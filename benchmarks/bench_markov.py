@@ -164,8 +164,20 @@ def main() -> None:
             json.dump(out, f, indent=1)
 
 
-# Launch configurations tried by --sweep, each over the module's configuration for the rows.
-SWEEP = [dict(FAST=True), dict(FAST=False)]
+# Launch configurations tried by --sweep, each over the module's configuration for the rows: the
+# neighbours that fused_markov.GPU_CONFIGS was chosen among on the H200 (to re-time on a gfx942).
+SWEEP = [
+    dict(FAST=True),
+    dict(FAST=False),
+    dict(BV=64, num_warps=4),
+    dict(BV=128, num_warps=4),
+    dict(BV=128, num_warps=8),
+    dict(BV=256, num_warps=8),
+    dict(R_TILE=16),
+    dict(R_TILE=64),
+    dict(BK=64),
+    dict(num_stages=3),
+]
 
 
 def sweep(args) -> list:

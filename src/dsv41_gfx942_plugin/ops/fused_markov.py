@@ -110,7 +110,11 @@ __all__ = ["sample_sequential"]
 #   / 541.4-541.8 / 1013.2-1050.1, 3 stages 254.9-255.1 / 414.3-416.1 / 736.8-744.4, 64-row
 #   tiles 280.9-281.6 / 477.6-480.1 / 888.1-890.4, 16-row tiles 316.0-316.1 / 559.9-563.2 /
 #   1058.1-1061.2, BV 256 281.5-282.4 / 473.2-474.4 / 861.2-863.8, 4 warps 257.8-257.9 /
-#   430.0-430.6 / 790.9-792.0.
+#   430.0-430.6 / 790.9-792.0. With the float winner (_markov_kernels._first_max), another run,
+#   two rounds, against 232.8-234.8 / 383.2-384.6 / 678.8-683.2 us: 64-row tiles with 16 warps
+#   260.7-264.0 / 453.7-456.4 / 809.2-813.7 (3 stages, or BK 64 with 2, slower still), 64-row
+#   tiles of BV 64 with 8 warps 247.2-250.9 / 405.0-406.9 / 725.5-726.0, BV 256 with 16 warps
+#   262.4-263.5 / 454.5-458.0 / 813.5-815.9.
 # - Each program holding its block of markov_w2 on chip (the whole rank, loaded once) while it
 #   walks every row tile (grid (1, blocks); L2 traffic a step 776 -> about 330 MB at 256 rows),
 #   same run: 32 / 64 / 128 / 256 rows 232.6 / 371.3 / 643.6 / 1207.8 us at its best (2 stages;
