@@ -114,7 +114,9 @@ __all__ = ["sample_sequential"]
 #   two rounds, against 232.8-234.8 / 383.2-384.6 / 678.8-683.2 us: 64-row tiles with 16 warps
 #   260.7-264.0 / 453.7-456.4 / 809.2-813.7 (3 stages, or BK 64 with 2, slower still), 64-row
 #   tiles of BV 64 with 8 warps 247.2-250.9 / 405.0-406.9 / 725.5-726.0, BV 256 with 16 warps
-#   262.4-263.5 / 454.5-458.0 / 813.5-815.9.
+#   262.4-263.5 / 454.5-458.0 / 813.5-815.9. One more run at 128 / 256 rows against 378.4 /
+#   684.1 us: BK 64 with 2 stages 414.3 / 762.5, with 3 414.3 / 771.3, BK 128 with 2 552.2 /
+#   1026.2, 5 stages 401.0 / 725.1, 6 stages 454.3 / 835.2.
 # - Each program holding its block of markov_w2 on chip (the whole rank, loaded once) while it
 #   walks every row tile (grid (1, blocks); L2 traffic a step 776 -> about 330 MB at 256 rows),
 #   same run: 32 / 64 / 128 / 256 rows 232.6 / 371.3 / 643.6 / 1207.8 us at its best (2 stages;
