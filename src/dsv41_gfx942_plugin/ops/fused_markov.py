@@ -117,6 +117,10 @@ __all__ = ["sample_sequential"]
 #   262.4-263.5 / 454.5-458.0 / 813.5-815.9. One more run at 128 / 256 rows against 378.4 /
 #   684.1 us: BK 64 with 2 stages 414.3 / 762.5, with 3 414.3 / 771.3, BK 128 with 2 552.2 /
 #   1026.2, 5 stages 401.0 / 725.1, 6 stages 454.3 / 835.2.
+# - An upper bound for a precomputed embedding (later steps' programs reading markov_w1's rows
+#   without the previous winner's key: the same bytes, wrong tokens), same run, two rounds, 1 / 8
+#   / 64 / 256 rows: 97.9-100.1 / 115.2-115.7 / 237.9-239.5 / 707.4-710.0 us against 100.8-102.6
+#   / 115.8-116.6 / 234.6-236.4 / 680.3-685.1. Not pursued.
 # - Each program holding its block of markov_w2 on chip (the whole rank, loaded once) while it
 #   walks every row tile (grid (1, blocks); L2 traffic a step 776 -> about 330 MB at 256 rows),
 #   same run: 32 / 64 / 128 / 256 rows 232.6 / 371.3 / 643.6 / 1207.8 us at its best (2 stages;
