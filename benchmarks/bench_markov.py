@@ -14,7 +14,11 @@ and beside two measured floors (``_markov_floors.py``, graphed): ``stream``, the
 by torch with no arithmetic, and ``noise``, vLLM's exact Gumbel noise and a row argmax alone.
 Times are the mean of ``--iters`` calls after warm-up, measured with CUDA events. Writes JSON.
 
-    python benchmarks/bench_markov.py --json out.json [--rows 1,8,32,64,128,256]
+    python benchmarks/bench_markov.py --json out.json [--rows 1,8,32,64,128,256] [--greedy]
+
+``--greedy`` times greedy drafts instead (vLLM's default ``draft_sample_method``: argmax, no
+noise, no logits cache): the floor then leaves the cache's write out, and the two measured
+floors are not taken.
 """
 
 from __future__ import annotations
@@ -48,8 +52,9 @@ from dsv41_gfx942_plugin.ops import fused_markov as F  # noqa: E402
 HBM_BYTES_PER_S = 4.8e12  # H200 peak
 
 
-def make_state(rows: int, vocab: int, rank: int, n_spec: int, device="cuda"):
-    """The state the loop reads: every row live, temperature 1, fp32 noise."""
+def make_state(rows: int, vocab: int, rank: int, n_spec: int, device="cuda", greedy=False):
+    """The state the loop reads: every row live, temperature 1, fp32 noise (a greedy draft: no
+    logits cache)."""
     gen = torch.Generator(device=device).manual_seed(rows)
     max_reqs = max(rows, 4)
     bf = dict(dtype=torch.bfloat16, device=device)
@@ -60,7 +65,7 @@ def make_state(rows: int, vocab: int, rank: int, n_spec: int, device="cuda"):
         num_speculative_steps=n_spec,
         max_num_reqs=max_reqs,
         use_fp64_gumbel=False,
-        draft_logits=torch.zeros(max_reqs, n_spec, vocab, **bf),
+        draft_logits=None if greedy else torch.zeros(max_reqs, n_spec, vocab, **bf),
         temperature=torch.ones(max_reqs, dtype=torch.float32, device=device),
         seeds=torch.randint(0, 2**62, (max_reqs,), generator=gen, device=device),
         draft_tokens=torch.zeros(max_reqs, n_spec, dtype=torch.int64, device=device),
@@ -75,6 +80,14 @@ def make_state(rows: int, vocab: int, rank: int, n_spec: int, device="cuda"):
     return spec, w1, w2.to(torch.bfloat16), base.view(rows, n_spec, vocab)
 
 
+def _state(args, rows: int):
+    return make_state(rows, args.vocab, args.rank, args.steps, greedy=args.greedy)
+
+
+def _us(t, width: int) -> str:
+    return f"{t:>{width}.1f}" if t is not None else f"{'-':>{width}}"
+
+
 def torch_loop(spec, rows, base3, w1, w2):
     """vLLM's loop with torch's Gumbel-max in place of vLLM's kernel (no vLLM needed)."""
     n_spec, vocab = base3.shape[1], base3.shape[2]
@@ -82,9 +95,13 @@ def torch_loop(spec, rows, base3, w1, w2):
     prev = spec.input_buffers.input_ids[spec._anchor_idx[:rows]]
     for i in range(n_spec):
         logits = base3[:, i] + TF.linear(TF.embedding(prev, w1), w2)[..., :vocab]
-        spec.draft_logits[idx[:, i], i] = logits
-        u = torch.rand(logits.shape, device=logits.device).clamp_(min=1e-10)
-        token = (logits.float() / spec.temperature[idx[:, i], None] - (-u.log()).log()).argmax(-1)
+        if spec.draft_logits is None:
+            token = logits.argmax(-1)
+        else:
+            spec.draft_logits[idx[:, i], i] = logits
+            u = torch.rand(logits.shape, device=logits.device).clamp_(min=1e-10)
+            noisy = logits.float() / spec.temperature[idx[:, i], None] - (-u.log()).log()
+            token = noisy.argmax(-1)
         spec.draft_tokens[:rows, i] = token
         prev = token
 
@@ -101,8 +118,8 @@ def vllm_loop():
         return "torch op sequence", torch_loop
 
 
-def floor_us(rows: int, vocab: int, rank: int, n_spec: int) -> float:
-    per_step = (vocab + 63) // 64 * 64 * rank * 2 + rows * vocab * 2 * 2
+def floor_us(rows: int, vocab: int, rank: int, n_spec: int, greedy: bool = False) -> float:
+    per_step = (vocab + 63) // 64 * 64 * rank * 2 + rows * vocab * 2 * (1 if greedy else 2)
     return n_spec * per_step / HBM_BYTES_PER_S * 1e6
 
 
@@ -115,18 +132,20 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--json", default="bench_markov.json")
     ap.add_argument("--sweep", default="", help="row counts for which to time other configurations")
+    ap.add_argument("--greedy", action="store_true", help="greedy drafts (argmax, no cache)")
     args = ap.parse_args()
     name, loop = vllm_loop()
     results = []
     head = (
         f"{'rows':>5} {'fused eager':>12} {'fused graph':>12} {'vLLM eager':>11} {'vLLM graph':>11}"
     )
-    print(f"baseline: {name}; times in us for {args.steps} draft steps, V={args.vocab}")
+    kind = "greedy" if args.greedy else "probabilistic"
+    print(f"baseline: {name}; {kind} drafts, times in us for {args.steps} steps, V={args.vocab}")
     print(
         head + f" {'floor':>7} {'stream':>7} {'noise':>7} {'graph/floor':>11} {'vs vLLM graph':>13}"
     )
     for rows in (int(r) for r in args.rows.split(",")):
-        spec, w1, w2, base3 = make_state(rows, args.vocab, args.rank, args.steps)
+        spec, w1, w2, base3 = _state(args, rows)
         fused = functools.partial(F._launch, spec, rows, base3, w1, w2)
         ref = functools.partial(loop, spec, rows, base3, w1, w2)
         r = dict(rows=rows)
@@ -134,9 +153,12 @@ def main() -> None:
         r["fused_graph_us"] = mean_us(graphed(fused), args.iters)
         r["vllm_eager_us"] = mean_us(ref, args.iters)
         r["vllm_graph_us"] = mean_us(graphed(ref), args.iters)
-        r["floor_us"] = floor_us(rows, args.vocab, args.rank, args.steps)
-        r["stream_graph_us"] = mean_us(graphed(floors.stream(spec, rows, base3, w2)), args.iters)
-        r["noise_graph_us"] = mean_us(graphed(floors.noise(spec, rows, base3)), args.iters)
+        r["floor_us"] = floor_us(rows, args.vocab, args.rank, args.steps, args.greedy)
+        r["stream_graph_us"] = r["noise_graph_us"] = None
+        if not args.greedy:
+            stream, noise = floors.stream(spec, rows, base3, w2), floors.noise(spec, rows, base3)
+            r["stream_graph_us"] = mean_us(graphed(stream), args.iters)
+            r["noise_graph_us"] = mean_us(graphed(noise), args.iters)
         r["fused_graph_over_floor"] = r["fused_graph_us"] / r["floor_us"]
         r["speedup_vs_vllm_graph"] = r["vllm_graph_us"] / r["fused_graph_us"]
         r["config"] = F._config(rows, args.vocab, args.rank, False)
@@ -144,13 +166,14 @@ def main() -> None:
         print(
             f"{rows:>5} {r['fused_eager_us']:>12.1f} {r['fused_graph_us']:>12.1f}"
             f" {r['vllm_eager_us']:>11.1f} {r['vllm_graph_us']:>11.1f} {r['floor_us']:>7.1f}"
-            f" {r['stream_graph_us']:>7.1f} {r['noise_graph_us']:>7.1f}"
+            f" {_us(r['stream_graph_us'], 7)} {_us(r['noise_graph_us'], 7)}"
             f" {r['fused_graph_over_floor']:>10.2f}x {r['speedup_vs_vllm_graph']:>12.2f}x",
             flush=True,
         )
     out = dict(
         device=torch.cuda.get_device_name(),
         baseline=name,
+        greedy=args.greedy,
         vocab=args.vocab,
         rank=args.rank,
         steps=args.steps,
@@ -184,7 +207,7 @@ def sweep(args) -> list:
     """Fused graphed time of each configuration in SWEEP, for each row count."""
     found = []
     for rows in (int(r) for r in args.sweep.split(",")):
-        spec, w1, w2, base3 = make_state(rows, args.vocab, args.rank, args.steps)
+        spec, w1, w2, base3 = _state(args, rows)
         line = []
         for over in SWEEP:
             cfg = F._config(rows, args.vocab, args.rank, False, over)

@@ -52,6 +52,8 @@ run() {
   timeout 90 python3 benchmarks/bench_indexer_step.py --json "$out/bench_step.json" > "$out/bench_step.txt" 2>&1
   timeout 120 python3 benchmarks/bench_markov.py --rows 1,8,64,256 --iters 20 \
     --json "$out/bench_markov.json" > "$out/bench_markov.txt" 2>&1
+  timeout 90 python3 benchmarks/bench_markov.py --greedy --rows 1,8,64,256 --iters 20 \
+    --json "$out/bench_markov_greedy.json" > "$out/bench_markov_greedy.txt" 2>&1
   tail -n 3 "$out"/t_*.txt; cat "$out"/bench_*.txt
 }
 

@@ -136,11 +136,14 @@ def test_repeated_calls_share_clean_scratch():
 
 
 def test_nan_logits():
-    """NaN base logits. Greedy: the first NaN wins, as torch's argmax (vLLM's greedy path).
-    Sampled: a NaN never wins, as in vLLM's Gumbel kernel under the interpreter (on a GPU its
-    block reduction keeps or drops a NaN by position); the cache holds the NaNs as vLLM's."""
+    """NaN base logits. Greedy: the first NaN wins, as torch's argmax (vLLM's greedy path), also
+    over a larger finite logit before it. Sampled: a NaN never wins, as in vLLM's Gumbel kernel
+    under the interpreter (on a GPU its block reduction keeps or drops a NaN by position); the
+    cache holds the NaNs as vLLM's."""
     for greedy in (True, False):
         spec, hidden = R.make_case(vocab=800, rows=4, n_spec=3, greedy=greedy, seed=51)
+        if greedy:
+            spec.model.base[:, 5] = 1000.0
         spec.model.base[:, 77] = float("nan")
         spec.model.base[:, 500] = float("nan")
         took, ref, out = R.run_both(spec, 4, hidden, F.sample_sequential)

@@ -9,8 +9,8 @@ the same without buffer loads (``AMDGCN_USE_BUFFER_OPS=0``), and with no alignme
 vocabulary that is not a multiple of 8: every bf16 load scalar, ``global_load_ushort``). Triton
 3.8 here, 129280 tokens, rank 256, over the configurations and modes: aligned with buffer loads,
 VGPRs 54-119, LDS 20-36 KiB, and at 256 rows (BV 128, 8 waves) 1429 static instructions sampled
-with the fast noise (1551 with vLLM's exact noise, 881 greedy); unaligned, VGPRs 63-132, LDS
-8-16 KiB, 2729 (2828, 1638); the verify kernel 36-39 VGPRs, 473-496 instructions. SGPRs that do
+with the fast noise (1551 with vLLM's exact noise, 854 greedy); unaligned, VGPRs 63-132, LDS
+8-16 KiB, 2729 (2828, 1479); the verify kernel 36-39 VGPRs, 473-496 instructions. SGPRs that do
 not fit go to VGPR lanes, never to memory (the scratch check). The H200 runs the same kernels
 (tests/test_fused_markov_gpu.py); no gfx942 has run them yet.
 """

@@ -93,6 +93,22 @@ def test_cuda_graph_replay_new_seeds(rows):
 
 
 @pytest.mark.parametrize("rows", [8, 64])
+def test_greedy_first_nan_wins(rows):
+    """NaN base logits in a greedy draft, each right after a token vLLM's loop picks without
+    them: the first NaN of a row wins (torch's argmax, vLLM's greedy path), not the larger
+    finite logit before it."""
+    spec, w1, w2, base3 = R.make_plain_case(vocab=V, rank=256, rows=rows, greedy=True, seed=29)
+    start = R.snapshot(spec)
+    R.transcribed_loop(spec, rows, base3, w1, w2)
+    cols = (spec.draft_tokens[:rows].flatten().unique() + 1).clamp(max=V - 1)
+    base3[:, :, cols] = float("nan")
+    R._restore(spec, start)
+    ref, out = R.run_both_plain(spec, rows, base3, w1, w2, F._launch)
+    assert torch.isin(out["tokens"][:rows], cols).all()
+    assert torch.equal(out["tokens"][:rows], ref["tokens"][:rows])
+
+
+@pytest.mark.parametrize("rows", [8, 64])
 def test_sampled_nan_never_wins(rows):
     """NaN base logits in a sampled draft (64 rows take the fast noise): a NaN never wins, as in
     vLLM's Gumbel kernel under the interpreter. On a GPU vLLM's block reduction keeps or drops a

@@ -137,16 +137,29 @@ def _order32(y, NAN_MAX: tl.constexpr):
 
 
 @triton.jit
-def _first_max(y, valid, BV: tl.constexpr):
-    """Each row's largest ``y`` among its valid entries, NaN never one, as an ``_order32`` value,
-    and the first column holding it; ``(-2**31, 0)`` for a row with none: what the largest
-    ``_order32`` key would give with NaN and masked entries at -2**31, from float compares
-    instead of a key a token (H200, same run, two rounds, 5 steps: 64 / 128 / 256 rows 248.8-249.4
-    / 406.7-408.3 / 730.2-736.2 -> 235.0-236.0 / 383.3-383.6 / 681.9-687.0 us, the same tokens and
-    cached logits; sm_90 SASS 1488 -> 1376 instructions at 256 rows, gfx942 1506 -> 1429)."""
+def _first_max(y, valid, BV: tl.constexpr, NAN_MAX: tl.constexpr):
+    """Each row's largest ``y`` among its valid entries as an ``_order32`` value, and the first
+    column holding it: what the largest ``_order32`` key of each entry (masked ones at -2**31)
+    would give, from float compares instead of a key a token. With ``NAN_MAX`` a NaN is the
+    largest (the first NaN wins; masked entries, which only ever follow a row's valid ones, sit at
+    -inf); without, a NaN never wins and a row with no other valid entry gives ``(-2**31, 0)``.
+    H200, same run, two rounds, 5 sampled steps: 64 / 128 / 256 rows 248.8-249.4 / 406.7-408.3 /
+    730.2-736.2 -> 235.0-236.0 / 383.3-383.6 / 681.9-687.0 us, the same tokens and cached logits;
+    sm_90 SASS 1488 -> 1376 instructions at 256 rows, gfx942 1506 -> 1429. Greedy, another run:
+    64 / 256 rows 176.8-178.8 / 551.9-553.8 -> 171.7-172.7 / 524.6-525.4 us, the same tokens;
+    784 -> 704 (sm_90), 881 -> 854 (gfx942)."""
+    cols = tl.arange(0, BV)[None, :]
+    if NAN_MAX:
+        yv = tl.where(valid, y, float("-inf"))
+        m = tl.max(yv, axis=1)  # NaN-ignoring
+        # One reduction: a NaN at column c keys c, a maximum BV + c, so the first NaN wins.
+        k = tl.where(yv != yv, cols, tl.where(yv == m[:, None], cols + BV, 2 * BV))
+        k = tl.min(k, axis=1)
+        nan = k < BV
+        return tl.where(nan, 0x7FFFFFFF, _order32(m, True)), tl.where(nan, k, k - BV)
     yv = tl.where(valid, y, float("nan"))
     m = tl.max(yv, axis=1)  # NaN-ignoring, as tl.maximum
-    col = tl.min(tl.where(yv == m[:, None], tl.arange(0, BV)[None, :], BV), axis=1)
+    col = tl.min(tl.where(yv == m[:, None], cols, BV), axis=1)
     none = col == BV
     return tl.where(none, -0x80000000, _order32(m, False)), tl.where(none, 0, col)
 
@@ -342,11 +355,7 @@ def _markov_step_kernel(
     if PACKED:
         # The block's best of each row in int32 (its first index among equal ones), then one
         # int64 key a row.
-        if GREEDY:
-            order = tl.where(m2, _order32(y, True), -0x80000000)
-            best, at = tl.max(order, 1, return_indices=True, return_indices_tie_break_left=True)
-        else:
-            best, at = _first_max(y, m2, BV)
+        best, at = _first_max(y, m2, BV, GREEDY)
         key = _pack_key(best, pid * BV + at)
         tl.atomic_max(win_ptr + step * win_stride + r, key, mask=rmask)
         if FAST_LOG != "":
