@@ -25,6 +25,8 @@ if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 import pytest  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 import ref_markov as R  # noqa: E402
 from dsv41_gfx942_plugin.ops import _markov_kernels as K  # noqa: E402
@@ -152,6 +154,62 @@ def test_nan_logits():
         assert ((out["tokens"][:4] == 77).all()) == greedy
         if not greedy:
             R.check_rule(spec, 4, R.model_base(spec, 4, hidden), R.model_bias_fn(spec), ref, out)
+
+
+@triton.jit
+def _winner_kernel(
+    y_ptr, valid_ptr, best_ptr, col_ptr, R: tl.constexpr, BV: tl.constexpr, NAN_MAX: tl.constexpr
+):
+    r = tl.arange(0, R)
+    at = r[:, None] * BV + tl.arange(0, BV)[None, :]
+    best, col = K._first_max(tl.load(y_ptr + at), tl.load(valid_ptr + at) != 0, BV, NAN_MAX)
+    tl.store(best_ptr + r, best)
+    tl.store(col_ptr + r, col)
+
+
+def _order_keys(y: torch.Tensor, valid: torch.Tensor, nan_max: bool) -> torch.Tensor:
+    """``_markov_kernels._order32`` in torch, masked entries at -2**31."""
+    y = torch.where(y == 0, torch.zeros_like(y), y)
+    b = y.view(torch.int32)
+    o = torch.where(b >= 0, b, b ^ 0x7FFFFFFF)
+    o = torch.where(y.isnan(), 0x7FFFFFFF if nan_max else -(2**31), o)
+    return torch.where(valid, o, -(2**31))
+
+
+@pytest.mark.parametrize("nan_max", [False, True])
+def test_block_winner_is_the_first_largest_key(nan_max):
+    """``_first_max`` (float compares) against each row's largest ``_order32`` key and the first
+    column holding it (the block winner's rule), on adversarial rows: rounded values (ties), zeros
+    of both signs, -inf, +inf twice, NaN before and after the maximum, rows of NaN only and of NaN
+    and -inf. Greedy (``nan_max``): the first NaN wins, masked entries only at a row's tail, as the
+    step kernel has them. Sampled: a NaN never wins, masked entries anywhere, rows with none."""
+    gen = torch.Generator().manual_seed(3 + nan_max)
+    rows, bv = 16, 64
+    y = torch.randn(rows, bv, generator=gen).round()
+    y[1] = 0.0
+    y[1, ::3] = -0.0
+    y[2] = float("-inf")
+    y[3, 10] = float("nan")
+    y[4] = float("nan")
+    y[5] = float("-inf")
+    y[5, 7] = float("nan")
+    y[6, 5], y[6, 40] = 100.0, float("nan")
+    y[7, 3] = y[7, 50] = float("inf")
+    y[8, 0] = y[8, 63] = float("nan")
+    if nan_max:
+        ends = torch.randint(1, bv + 1, (rows, 1), generator=gen)
+        ends[:9] = bv
+        valid = torch.arange(bv)[None, :] < ends
+    else:
+        valid = torch.rand(rows, bv, generator=gen) < 0.8
+        valid[:9] = True
+        valid[9] = False
+    best, col = torch.empty(rows, dtype=torch.int32), torch.empty(rows, dtype=torch.int32)
+    _winner_kernel[(1,)](y, valid.to(torch.int8), best, col, R=rows, BV=bv, NAN_MAX=nan_max)
+    keys = _order_keys(y, valid, nan_max)
+    ref_best, ref_col = keys.max(dim=1)  # the first of equal maxima
+    assert torch.equal(best, ref_best.to(torch.int32))
+    assert torch.equal(col, ref_col.to(torch.int32))
 
 
 def test_fast_noise_takes_the_exact_winner():
