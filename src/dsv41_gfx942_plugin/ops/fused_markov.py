@@ -42,91 +42,18 @@ __all__ = ["sample_sequential"]
 
 # GPU launch configurations, by the largest batch (rows rounded up to a power of 2) each serves:
 # vocabulary tokens a program (BV), rank chunk of the pipelined GEMM loop (BK), rows a tile
-# (R_TILE; tl.dot needs M >= 16: fewer rows are padded and folded away before the epilogue), and
-# Triton's num_warps and num_stages. H200-measured, fused graphed, 5 steps, V = 129280, rank 256
-# (Triton 3.6; each alternative timed in the same run):
-# - 1 row: BV 128 103 us, BV 64 111, BV 256 (8 warps) 114; 8 rows: BV 128 120, BV 64 122.
-# - 32 rows, R_TILE 32: BV 64 198 us, BV 128 218. 64 rows: BV 64 334 us, BV 128 373, BV 64 with
-#   16-row tiles 389. 128 rows: 608 us, 16-row tiles 733. 256 rows: 1084 us; 16-row tiles 1423,
-#   8 warps 1433, BV 32 1323, each row's atomics spread over 8 winner slots 1158.
-# - Above 32 rows, BK 32 with 4 stages (one run, `bench_markov.py --sweep 32,64,128,256`): 64 rows
-#   300 us (BK 64: 310), 128 rows 532 (564), 256 rows 1011 (1073); at 32 rows 200 (BK 64: 192);
-#   BK 32 with 2 stages 226 / 362 / 635 / 1177, BV 128 with BK 32 213 / 353 / 639 / 1239.
-# - Several row tiles a program, one after another (so the later tiles find the block of
-#   markov_w2 in L1, not L2), with BK 32 / 4 stages: 64 / 128 / 256 rows 389 / 656 / 1223 us with
-#   2 tiles, 401 / 748 / 1357 with 4, 406 / 757 / 1520 with 8, against 305 / 532 / 1014 with one:
-#   the programs' parallelism matters more than the L2 traffic it saves.
-# - A grid sized to the GPU (PER_SM programs an SM), each program walking consecutive blocks and
-#   keeping its rows' best key in registers (one previous-token read and one atomic a row a
-#   program): never faster (one run, graphed, 5 steps, PER_SM 1 / 2 / 4 / 8 against one block a
-#   program): 1 row 154 / 117 / 107 / 104 us against 102; 8 rows 179 / 135 / 134 / 113 against
-#   114; 64 rows 960 / 564 / 356 / 354 against 332; 256 rows 3507 / 1999 / 1220 / 1242 against
-#   1080 (64-row tiles with 8 warps 1237). The same with one flat loop over (block, rank chunk),
-#   so the pipeline streams across a program's blocks (Triton's persistent-matmul shape): best
-#   at PER_SM 4, 1 / 8 rows 97.3 / 108.7 us (committed kernel 100.6 / 123.4 in another run),
-#   16 rows no faster, 64 / 256 rows slower (345 / 1250 us at one block a program, 367 / 1333
-#   at PER_SM 8); and 178-214 VGPRs on gfx942 for 32-row tiles. Not adopted.
-# - At 1 / 8 rows (one run, against 102 / 114 us for the entries below): 8 warps 112 / 118 us,
-#   2 warps 112 / 129, BK 128 with 2 stages 104 / 119, BK 64 with 2 stages 125 / 121, with 4
-#   stages 107 / 121, BV 256 with BK 32 and 4 stages 135 / 157, BV 256 with 8 warps 119 / 124.
-# - Memory-side variants, one run against the committed kernel (1 / 8 / 16 / 64 / 256 rows:
-#   101.4 / 121.9 / 143.2 / 299.4 / 1050.4 us): markov_w2's loads issued before the embedding's
-#   in the rank loop 101.7 / 122.4 / 144.4 / 302.0 / 1056.0; eviction hints (markov_w2 kept in
-#   L2, base logits and the cache streamed) 101.8 / 122.7 / 142.2 / 302.0 / 1026.7; the whole
-#   rank in one tl.dot with markov_w2's block loaded before the previous token is known (BV 32
-#   to 128, 4 or 8 warps) 139.6-152.0 / 146.8-157.1 / 168.4-184.0 / 364.4 / 1293.3. The
-#   epilogue's reads (base logits, requests, temperatures, seeds, positions) issued before the
-#   rank loop, not after it (another run, 1 / 8 / 16 / 32 / 64 / 256 rows, against 101.5 /
-#   125.5 / 143.6 / 192.4 / 304.6 / 1030.7 us): 108.1 / 124.9 / 141.8 / 213.3 / 359.1 / 1218.2,
-#   same tokens and cached logits; on gfx942 the 32-row tiles needed 170-179 VGPRs.
-# - Bound-then-verify noise (every token's noise with fast logs, lg2.approx on sm_90, then the
-#   winner of each row of a block recomputed with vLLM's exact noise, the block taken exactly
-#   when another token came within the fast logs' error bound): the same tokens and cached
-#   logits as this kernel on 6 seeds at each batch, GPU tests passed, but slower: 1 / 8 / 64 /
-#   128 / 256 rows 104.1 / 125.1 / 383.4 / 712.3 / 1393.3 us against 100.6 / 124.9 / 303.5 /
-#   533.4 / 1023.9 (same run). ptxas gave it 128 registers a thread against 63 (the tile's
-#   noisy values, approximate values and logits live together), half the programs an SM.
-# Before odd steps ran backwards: at 1 row 3 stages 122 us, 4 stages 121, BK 128 125, BK 32 143;
-# at 256 rows 32-row tiles 1138 us, 64-row tiles 1187 (BV 128, 8 warps: 1220), 128-row 1760.
-# An fp32 product sum in place of tl.dot was far slower (254 us at 1 row, 1523 us at 8); it
-# serves the interpreter only.
-# - FAST (sampled fp32 steps take the fast noise and the verify launch, _markov_kernels), one
-#   run against the exact noise: 16 / 32 / 64 / 128 / 256 rows 144.6 / 188.8 / 286.9 / 451.6 /
-#   824.8 us against 145.2 / 190.9 / 306.6 / 531.8 / 1013.8; 8 rows, with the fast log as
-#   inline assembly, 127.7 against 119.8 (the 5 verify launches cost about 6-14 us; a greedy
-#   draft, no noise at all: 219.8 / 359.1 / 693.2 at 64 / 128 / 256 rows). With FAST, another
-#   run at 64 / 128 / 256 rows against 284.5 / 467.6 / 842.3 us: 64-row tiles with 8 warps
-#   271.5 / 454.9 / 831.8, with 4 warps 308.3 / 527.0 / 970.2; BV 128 301.0 / 519.7 / 952.6,
-#   with 8 warps 287.7 / 492.9 / 909.4; BK 64 279.9 / 490.2 / 902.9; 3 stages 300.3 / 483.5 /
-#   864.7. Not adopted: 1-5%, one run.
-# - With the GEMM transposed (tokens as M), one run at 32 / 64 / 256 rows against 168.7 / 267.6 /
-#   766.9 us: BV 128 with 8 warps 171.7 / 251.0 / 730.5, BV 128 178.8 / 258.9 / 789.7, 64-row
-#   tiles 168.5 / 271.9 / 833.0 (8 warps 171.4 / 261.1 / 777.4), BK 64 172.5 / 288.0 / 956.7,
-#   16-row tiles 202.9 / 349.1 / 1095.3. BV 128 with 8 warps repeated, two rounds of another
-#   run, 32 / 64 / 128 / 256 rows against 169.1-173.6 / 269.0-278.7 / 451.5-454.0 / 764.1-773.7:
-#   171.6-172.5 / 248.9-251.3 / 405.7-408.1 / 730.1-732.5, the same tokens and cached logits:
-#   adopted above 32 rows (gfx942: 70 VGPRs, 30 KiB LDS at 256 rows, 66 and 18 KiB before).
-#   Around it, one run, two rounds, 64 / 128 / 256 rows against 244.2-247.6 / 404.5-405.8 /
-#   727.3-728.2 us: BV 64 with 4 warps 262.0-270.4 / 441.5-443.8 / 751.9-771.3, BK 64 303.6-307.6
-#   / 541.4-541.8 / 1013.2-1050.1, 3 stages 254.9-255.1 / 414.3-416.1 / 736.8-744.4, 64-row
-#   tiles 280.9-281.6 / 477.6-480.1 / 888.1-890.4, 16-row tiles 316.0-316.1 / 559.9-563.2 /
-#   1058.1-1061.2, BV 256 281.5-282.4 / 473.2-474.4 / 861.2-863.8, 4 warps 257.8-257.9 /
-#   430.0-430.6 / 790.9-792.0. With the float winner (_markov_kernels._first_max), another run,
-#   two rounds, against 232.8-234.8 / 383.2-384.6 / 678.8-683.2 us: 64-row tiles with 16 warps
-#   260.7-264.0 / 453.7-456.4 / 809.2-813.7 (3 stages, or BK 64 with 2, slower still), 64-row
-#   tiles of BV 64 with 8 warps 247.2-250.9 / 405.0-406.9 / 725.5-726.0, BV 256 with 16 warps
-#   262.4-263.5 / 454.5-458.0 / 813.5-815.9. One more run at 128 / 256 rows against 378.4 /
-#   684.1 us: BK 64 with 2 stages 414.3 / 762.5, with 3 414.3 / 771.3, BK 128 with 2 552.2 /
-#   1026.2, 5 stages 401.0 / 725.1, 6 stages 454.3 / 835.2.
-# - An upper bound for a precomputed embedding (later steps' programs reading markov_w1's rows
-#   without the previous winner's key: the same bytes, wrong tokens), same run, two rounds, 1 / 8
-#   / 64 / 256 rows: 97.9-100.1 / 115.2-115.7 / 237.9-239.5 / 707.4-710.0 us against 100.8-102.6
-#   / 115.8-116.6 / 234.6-236.4 / 680.3-685.1. Not pursued.
-# - Each program holding its block of markov_w2 on chip (the whole rank, loaded once) while it
-#   walks every row tile (grid (1, blocks); L2 traffic a step 776 -> about 330 MB at 256 rows),
-#   same run: 32 / 64 / 128 / 256 rows 232.6 / 371.3 / 643.6 / 1207.8 us at its best (2 stages;
-#   BV 128 with 8 warps 209.3 / 321.8 / 550.9 / 1018.9), 194-256 VGPRs on gfx942: the serial
-#   row tiles cost more than the L2 traffic they save. Not adopted.
+# (R_TILE; tl.dot needs M >= 16: fewer rows are padded and folded away before the epilogue),
+# Triton's num_warps and num_stages, and FAST (the fast noise and its verify launch). Chosen on an
+# H200 against their neighbours in the same run (fused graphed, 5 steps, V = 129280, rank 256;
+# every sweep and every design measured and not adopted: benchmarks/markov_sweeps.md):
+# - <= 8 rows: 1 row 103 us against BV 64 111 and BV 256 (8 warps) 114; 8 rows 120 against 122.
+# - <= 16 rows: the exact noise: with the verify launches 144.6 us against 145.2, in a later run
+#   144.5 against 136.3.
+# - <= 32 rows: BK 64 with 3 stages, 192 us against 200 with BK 32 and 4; the fast noise 188.8
+#   against 190.9.
+# - above: BV 128 with 8 warps, two rounds of one run, 64 / 128 / 256 rows 248.9-251.3 /
+#   405.7-408.1 / 730.1-732.5 us against 269.0-278.7 / 451.5-454.0 / 764.1-773.7 with BV 64 and
+#   4 warps; every neighbour tried since is slower (gfx942: 70 VGPRs, 30 KiB LDS at 256 rows).
 GPU_CONFIGS = (
     (8, dict(BV=128, BK=64, R_TILE=16, num_warps=4, num_stages=3, FAST=False)),
     (16, dict(BV=64, BK=64, R_TILE=16, num_warps=4, num_stages=3, FAST=False)),
