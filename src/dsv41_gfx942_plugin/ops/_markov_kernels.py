@@ -143,11 +143,9 @@ def _first_max(y, valid, BV: tl.constexpr, NAN_MAX: tl.constexpr):
     would give, from float compares instead of a key a token. With ``NAN_MAX`` a NaN is the
     largest (the first NaN wins; masked entries, which only ever follow a row's valid ones, sit at
     -inf); without, a NaN never wins and a row with no other valid entry gives ``(-2**31, 0)``.
-    H200, same run, two rounds, 5 sampled steps: 64 / 128 / 256 rows 248.8-249.4 / 406.7-408.3 /
-    730.2-736.2 -> 235.0-236.0 / 383.3-383.6 / 681.9-687.0 us, the same tokens and cached logits;
-    sm_90 SASS 1488 -> 1376 instructions at 256 rows, gfx942 1506 -> 1429. Greedy, another run:
-    64 / 256 rows 176.8-178.8 / 551.9-553.8 -> 171.7-172.7 / 524.6-525.4 us, the same tokens;
-    784 -> 704 (sm_90), 881 -> 854 (gfx942)."""
+    H200, 5 steps at 256 rows: sampled 730.2-736.2 -> 681.9-687.0 us, greedy 551.9-553.8 ->
+    524.6-525.4, the same tokens (benchmarks/markov_sweeps.md); static instructions sampled /
+    greedy 1488 / 784 -> 1376 / 704 (sm_90), 1506 / 881 -> 1429 / 854 (gfx942)."""
     cols = tl.arange(0, BV)[None, :]
     if NAN_MAX:
         yv = tl.where(valid, y, float("-inf"))
