@@ -10,7 +10,7 @@ vocabulary that is not a multiple of 8: every bf16 load scalar, ``global_load_us
 3.8 here, 129280 tokens, rank 256, over the configurations and modes: aligned with buffer loads,
 VGPRs 54-119, LDS 20-36 KiB, and at 256 rows (BV 128, 8 waves) 1429 static instructions sampled
 with the fast noise (1551 with vLLM's exact noise, 854 greedy); unaligned, VGPRs 63-132, LDS
-8-16 KiB, 2729 (2828, 1479); the verify kernel 36-39 VGPRs, 473-496 instructions. SGPRs that do
+8-16 KiB, 2729 (2828, 1479); the verify kernel 32-38 VGPRs, 468-486 instructions. SGPRs that do
 not fit go to VGPR lanes, never to memory (the scratch check). The H200 runs the same kernels
 (tests/test_fused_markov_gpu.py); no gfx942 has run them yet.
 """

@@ -406,18 +406,17 @@ def _markov_verify_kernel(
         cand = bo >= _order32(m - 2.0 * delta, False)
         seed = spec_step_seed(tl.load(seeds_ptr + req), step)
         pos = tl.load(pos_ptr + r * map_stride) - 1 + DRAFT_NOISE_SALT
-        best = tl.full([], KEY_MIN, tl.int64)
+        best = tl.full([1], KEY_MIN, tl.int64)
         blk = tl.min(tl.where(cand, j, nb))
         while blk < nb:
-            v = blk * BV + tl.arange(0, BV)
+            v = blk * BV + tl.arange(0, BV)[None, :]
             vmask = v < vocab
             logits = _load_f32(cache_ptr + req * cache_s0 + step * cache_s1 + v, vmask, NATIVE_BF16)
             y = logits / temp + _noise32(murmur3_uniform32(seed, pos, v), "")
-            order = tl.where(vmask, _order32(y, False), -0x80000000)
-            b, at = tl.max(order, axis=0, return_indices=True, return_indices_tie_break_left=True)
+            b, at = _first_max(y, vmask, BV, False)  # the step kernel's rule, one row
             best = tl.maximum(best, _pack_key(b, blk * BV + at))
             blk = tl.min(tl.where(cand & (j > blk), j, nb))
-        tl.store(win_ptr + step * win_stride + r, best)
+        tl.store(win_ptr + step * win_stride + r + tl.arange(0, 1), best)
 
 
 @triton.jit

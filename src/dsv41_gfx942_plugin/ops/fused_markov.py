@@ -191,7 +191,7 @@ def _config(num_reqs: int, vocab: int, rank: int, interpreted: bool, over=None) 
     noise on every token. On a GPU, ``over`` replaces entries of the table's configuration
     (``benchmarks/bench_markov.py --sweep``)."""
     rows = triton.next_power_of_2(num_reqs)
-    fast = next(c["FAST"] for top, c in GPU_CONFIGS if rows <= top)
+    table = next(c for top, c in GPU_CONFIGS if rows <= top)
     if interpreted:
         bv = min(BV_INTERP, triton.next_power_of_2(vocab))
         tile = max(INTERP_MIN_TILE, min(rows, INTERP_MAX_TILE))
@@ -203,9 +203,9 @@ def _config(num_reqs: int, vocab: int, rank: int, interpreted: bool, over=None) 
             R_EPI=min(rows, tile),
             USE_DOT=False,
             NATIVE_BF16=False,
-            FAST_LOG="log2" if fast else "",
+            FAST_LOG="log2" if table["FAST"] else "",
         )
-    cfg = next(dict(c) for top, c in GPU_CONFIGS if rows <= top) | (over or {})
+    cfg = table | (over or {})
     cfg["BK"] = min(cfg["BK"], rank & -rank)  # a power of 2 that divides the rank
     cfg["R_TILE"] = tile = max(DOT_MIN_TILE, min(rows, cfg["R_TILE"]))
     fast_log = ("log2" if torch.version.hip else "ptx") if cfg.pop("FAST") else ""
