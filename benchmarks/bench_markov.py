@@ -161,7 +161,7 @@ def main() -> None:
             r["noise_graph_us"] = mean_us(graphed(noise), args.iters)
         r["fused_graph_over_floor"] = r["fused_graph_us"] / r["floor_us"]
         r["speedup_vs_vllm_graph"] = r["vllm_graph_us"] / r["fused_graph_us"]
-        r["config"] = F._config(rows, args.vocab, args.rank, False)
+        r["config"] = F._config(rows, args.vocab, args.rank, False, greedy=args.greedy)
         results.append(r)
         print(
             f"{rows:>5} {r['fused_eager_us']:>12.1f} {r['fused_graph_us']:>12.1f}"
@@ -188,7 +188,8 @@ def main() -> None:
 
 
 # Launch configurations tried by --sweep, each over the module's configuration for the rows: the
-# neighbours that fused_markov.GPU_CONFIGS was chosen among on the H200 (to re-time on a gfx942).
+# neighbours that fused_markov.GPU_CONFIGS (and, with --greedy, GREEDY_GPU_CONFIGS) was chosen
+# among on the H200 (to re-time on a gfx942).
 SWEEP = [
     dict(FAST=True),
     dict(FAST=False),
@@ -201,6 +202,19 @@ SWEEP = [
     dict(BK=64),
     dict(num_stages=3),
 ]
+GREEDY_SWEEP = [
+    dict(),
+    dict(BK=32, num_stages=3),
+    dict(BK=32, num_stages=4),
+    dict(BK=64, num_stages=2),
+    dict(BK=64, num_stages=3),
+    dict(R_TILE=64),
+    dict(R_TILE=128),
+    dict(BV=128),
+    dict(BV=256),
+    dict(num_warps=4),
+    dict(num_warps=16),
+]
 
 
 def sweep(args) -> list:
@@ -209,8 +223,8 @@ def sweep(args) -> list:
     for rows in (int(r) for r in args.sweep.split(",")):
         spec, w1, w2, base3 = _state(args, rows)
         line = []
-        for over in SWEEP:
-            cfg = F._config(rows, args.vocab, args.rank, False, over)
+        for over in GREEDY_SWEEP if args.greedy else SWEEP:
+            cfg = F._config(rows, args.vocab, args.rank, False, over, greedy=args.greedy)
             fused = functools.partial(F._launch, spec, rows, base3, w1, w2, cfg)
             t = mean_us(graphed(fused), args.iters)
             found.append(dict(rows=rows, us=t, **cfg))

@@ -1,5 +1,6 @@
 """The fused Markov step kernel compiled for gfx942 on the CPU (no GPU needed): every launch
-configuration the GPU path uses (``fused_markov.GPU_CONFIGS``), sampled, greedy and fp64 noise,
+configuration the GPU path uses (``fused_markov.GPU_CONFIGS`` sampled and with fp64 noise,
+``GREEDY_GPU_CONFIGS`` greedy),
 must compile to AMDGCN with no VGPR spills, no scratch and LDS within 64 KiB; so must the verify
 launch of the configurations that take the fast noise (``FAST``).
 
@@ -8,9 +9,10 @@ aligned and within 2 GiB (DSv4.1's 129280-token rows; AMD buffer loads, ``buffer
 the same without buffer loads (``AMDGCN_USE_BUFFER_OPS=0``), and with no alignment known (a
 vocabulary that is not a multiple of 8: every bf16 load scalar, ``global_load_ushort``). Triton
 3.8 here, 129280 tokens, rank 256, over the configurations and modes: aligned with buffer loads,
-VGPRs 54-119, LDS 20-36 KiB, and at 256 rows (BV 128, 8 waves) 1429 static instructions sampled
-with the fast noise (1551 with vLLM's exact noise, 854 greedy); unaligned, VGPRs 63-132, LDS
-8-16 KiB, 2729 (2828, 1479); the verify kernel 32-38 VGPRs, 468-486 instructions. SGPRs that do
+VGPRs 54-135, LDS 20-64 KiB (64 KiB: greedy drafts' 128-row tiles), and at 256 rows 1429 static
+instructions sampled with the fast noise (BV 128, 8 waves; 1551 with vLLM's exact noise), 1431
+greedy (128-row tiles); unaligned, VGPRs 67-132, LDS 8-32 KiB, 2729 sampled, 4762 greedy; the
+verify kernel 32-38 VGPRs, 468-486 instructions. SGPRs that do
 not fit go to VGPR lanes, never to memory (the scratch check). The H200 runs the same kernels
 (tests/test_fused_markov_gpu.py); no gfx942 has run them yet.
 """
@@ -52,8 +54,9 @@ SPECS = {
 }
 # One build a (configuration, mode, specialization): a configuration by the batch it serves
 # (256 for the last).
+TABLES = {"sampled": F.GPU_CONFIGS, "greedy": F.GREEDY_GPU_CONFIGS, "fp64": F.GPU_CONFIGS}
 BUILDS = [
-    f"{min(top, 256)}-{mode}-{spec}" for top, _ in F.GPU_CONFIGS for mode in MODES for spec in SPECS
+    f"{min(top, 256)}-{mode}-{spec}" for mode in MODES for top, _ in TABLES[mode] for spec in SPECS
 ] + [f"{min(top, 256)}-verify" for top, c in F.GPU_CONFIGS if c["FAST"]]
 
 
@@ -95,19 +98,20 @@ def _compile_all() -> dict:
         return dict(lds=kernel.metadata.shared, **figures)
 
     out = {}
-    for top, _ in F.GPU_CONFIGS:
-        rows = min(top, 256)
-        cfg = F._config(rows, 129280, 256, False)
-        options = {k: cfg.pop(k) for k in ("num_warps", "num_stages")}
-        fast_log = "log2" if cfg["FAST_LOG"] else ""  # _config here names this CPU's backend
-        for mode, (greedy, fp64) in MODES.items():
+    for mode, (greedy, fp64) in MODES.items():
+        for top, _ in TABLES[mode]:
+            rows = min(top, 256)
+            cfg = F._config(rows, 129280, 256, False, greedy=greedy)
+            options = {k: cfg.pop(k) for k in ("num_warps", "num_stages")}
+            fast_log = "log2" if cfg["FAST_LOG"] else ""  # _config here names this CPU's backend
             consts = dict(cfg, RANK=256, GREEDY=greedy, USE_FP64=fp64, NB_CHUNK=F.NB_CHUNK)
             consts["FAST_LOG"] = fast_log if mode == "sampled" else ""
             for spec in SPECS:
                 out[f"{rows}-{mode}-{spec}"] = build(K._markov_step_kernel, consts, spec, options)
-        if fast_log:
-            consts = dict(BV=cfg["BV"], NB_P2=2048, NATIVE_BF16=True)
-            out[f"{rows}-verify"] = build(K._markov_verify_kernel, consts, "jit", {"num_warps": 4})
+            if fast_log and mode == "sampled":
+                consts = dict(BV=cfg["BV"], NB_P2=2048, NATIVE_BF16=True)
+                verify = build(K._markov_verify_kernel, consts, "jit", {"num_warps": 4})
+                out[f"{rows}-verify"] = verify
     return out
 
 

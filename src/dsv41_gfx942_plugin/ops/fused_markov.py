@@ -14,7 +14,7 @@ noise, so the sampled tokens stay vLLM's. One small launch stores the last step'
 serves greedy and probabilistic drafts, fp32 and fp64 noise, any batch up to the speculator's
 ``max_num_reqs``, and runs inside vLLM's CUDA graph of the draft step. On an H200 it beats vLLM's
 loop at every batch measured (``benchmarks/bench_markov.py``, graphed, 5 steps: 1.82x at 1 row,
-2.10x at 64, 2.08x at 256; greedy drafts 2.91x, 2.59x, 1.76x), so no batch size sends a step
+2.10x at 64, 2.08x at 256; greedy drafts 2.88x, 3.38x, 2.61x), so no batch size sends a step
 back to the loop.
 
 Tokens equal vLLM's wherever the step's logits are bit-equal; a bias may differ from vLLM's in
@@ -59,6 +59,28 @@ GPU_CONFIGS = (
     (16, dict(BV=64, BK=64, R_TILE=16, num_warps=4, num_stages=3, FAST=False)),
     (32, dict(BV=64, BK=64, R_TILE=32, num_warps=4, num_stages=3, FAST=True)),
     (1 << 30, dict(BV=128, BK=32, R_TILE=32, num_warps=8, num_stages=4, FAST=True)),
+)
+# Greedy drafts (vLLM 0.33's default ``draft_sample_method``: no noise, no cache) have a light
+# epilogue, so larger row tiles pay: fewer re-reads of markov_w2 from L2. H200, against the
+# sampled table in the same run, then against each entry's neighbours (bench_markov.py --greedy
+# --sweep), the same tokens; every entry also fits gfx942 (LDS <= 64 KiB,
+# tests/test_fused_markov_build.py):
+# - <= 8 rows: the sampled entry; 1 / 8 rows 93 / 96 us, BV 256 with 8 warps 95 / 96, 8 warps 97
+#   / 96, BK 32 with 4 stages 99 / 101, 4 stages 107 / 108.
+# - <= 32 rows: BV 128 with 8 warps; 16 / 32 rows 96.2-99.3 / 122.2 us against 107.3-107.6 /
+#   133.0-133.3. BV 256 took 109.5-110.3 at 32 rows, but 72 KiB of LDS on gfx942 (36 KiB with
+#   BK 32 or 2 stages: 122.8-131.9).
+# - <= 64 rows: 64-row tiles, 2 stages, 131.1-133.1 us against 172.7-173.0 (3 stages 137, 4 warps
+#   136-144, BV 256 135-160, BK 32 146-150, 16 warps 171).
+# - above: 128-row tiles, 3 stages: 128 / 256 rows 198.2-207.7 / 354.6-355.2 us against
+#   293.0-293.8 / 528.2-528.9 (64-row tiles 215-220 / 387-389, 2 stages 221-224 / 407, BK 32
+#   217-222 / 366-385, 16 warps 212-217 / 382-384, BV 256 222 / 408, 256-row tiles 388-542).
+#   gfx942: 135 VGPRs and 64 KiB of LDS at 256 rows (one workgroup a CU).
+GREEDY_GPU_CONFIGS = (
+    (8, GPU_CONFIGS[0][1]),
+    (32, dict(BV=128, BK=64, R_TILE=32, num_warps=8, num_stages=3, FAST=False)),
+    (64, dict(BV=128, BK=64, R_TILE=64, num_warps=8, num_stages=2, FAST=False)),
+    (1 << 30, dict(BV=128, BK=64, R_TILE=128, num_warps=8, num_stages=3, FAST=False)),
 )
 DOT_MIN_TILE = 16
 # Under the interpreter every program costs Python time (about 0.1 s on a CI core): large
@@ -185,13 +207,15 @@ def _scratch(spec, device: torch.device, vocab: int) -> dict:
     return _buffers[key]
 
 
-def _config(num_reqs: int, vocab: int, rank: int, interpreted: bool, over=None) -> dict:
-    """Block sizes of a step launch for this batch, and ``FAST_LOG``: the fast noise's log on
-    this backend ("ptx" on CUDA, "log2" on ROCm and in the interpreter), or "" for vLLM's exact
-    noise on every token. On a GPU, ``over`` replaces entries of the table's configuration
-    (``benchmarks/bench_markov.py --sweep``)."""
+def _config(
+    num_reqs: int, vocab: int, rank: int, interpreted: bool, over=None, greedy: bool = False
+) -> dict:
+    """Block sizes of a step launch for this batch of sampled (or ``greedy``) drafts, and
+    ``FAST_LOG``: the fast noise's log on this backend ("ptx" on CUDA, "log2" on ROCm and in the
+    interpreter), or "" for vLLM's exact noise on every token. On a GPU, ``over`` replaces
+    entries of the table's configuration (``benchmarks/bench_markov.py --sweep``)."""
     rows = triton.next_power_of_2(num_reqs)
-    table = next(c for top, c in GPU_CONFIGS if rows <= top)
+    table = next(c for top, c in (GREEDY_GPU_CONFIGS if greedy else GPU_CONFIGS) if rows <= top)
     if interpreted:
         bv = min(BV_INTERP, triton.next_power_of_2(vocab))
         tile = max(INTERP_MIN_TILE, min(rows, INTERP_MAX_TILE))
@@ -232,8 +256,9 @@ def sample_sequential(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
         _log_once(f"{base.dtype} base logits of width {vocab} (bias {bias_width})")
         return _loop_rest(spec, num_reqs, base, sample_hidden)
     interpreted = _interpreted(base.device)
-    cfg = _config(num_reqs, vocab, w1.shape[1], interpreted)
-    key = (base.device.type, w1.shape[1], spec.draft_logits is None, bool(spec.use_fp64_gumbel))
+    greedy = spec.draft_logits is None
+    cfg = _config(num_reqs, vocab, w1.shape[1], interpreted, greedy=greedy)
+    key = (base.device.type, w1.shape[1], greedy, bool(spec.use_fp64_gumbel))
     key += tuple(sorted(cfg.items()))
     if key in _broken:
         _log_once(f"a launch configuration that did not compile here: {key}")
@@ -256,7 +281,7 @@ def _launch(spec, num_reqs: int, base: torch.Tensor, w1: torch.Tensor, w2: torch
     device = base.device
     greedy = spec.draft_logits is None
     fp64 = bool(spec.use_fp64_gumbel) and not greedy
-    cfg = cfg or _config(num_reqs, vocab, w1.shape[1], _interpreted(device))
+    cfg = cfg or _config(num_reqs, vocab, w1.shape[1], _interpreted(device), greedy=greedy)
     if greedy or fp64:  # no fp32 noise to approximate
         cfg = dict(cfg, FAST_LOG="")
     buf = _scratch(spec, device, vocab)
