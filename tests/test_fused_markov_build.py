@@ -9,10 +9,10 @@ aligned and within 2 GiB (DSv4.1's 129280-token rows; AMD buffer loads, ``buffer
 the same without buffer loads (``AMDGCN_USE_BUFFER_OPS=0``), and with no alignment known (a
 vocabulary that is not a multiple of 8: every bf16 load scalar, ``global_load_ushort``). Triton
 3.8 here, 129280 tokens, rank 256, over the configurations and modes: aligned with buffer loads,
-VGPRs 54-135, LDS 20-64 KiB (64 KiB: greedy drafts' 128-row tiles), and at 256 rows 1429 static
-instructions sampled with the fast noise (BV 128, 8 waves; 1551 with vLLM's exact noise), 1431
-greedy (128-row tiles); unaligned, VGPRs 67-132, LDS 8-32 KiB, 2729 sampled, 4762 greedy; the
-verify kernel 32-38 VGPRs, 468-486 instructions. SGPRs that do
+VGPRs 54-124, LDS 20-48 KiB, and at 256 rows 1429 static instructions sampled with the fast
+noise (BV 128, 8 waves; 1551 with vLLM's exact noise), 1425 greedy (128-row tiles); unaligned,
+VGPRs 67-132, LDS 8-32 KiB, 2729 sampled, 3893 greedy; the verify kernel 32-38 VGPRs, 468-486
+instructions. SGPRs that do
 not fit go to VGPR lanes, never to memory (the scratch check). The H200 runs the same kernels
 (tests/test_fused_markov_gpu.py); no gfx942 has run them yet.
 """
@@ -36,6 +36,7 @@ POINTERS = dict(
     pos="*i64", temp="*fp32", seeds="*i64", cache="*bf16", tokens="*i64", win="*i64",
     prev_keys="*i64", prev_toks="*i32", out_keys="*i64", out_toks="*i32", bbest="*i32",
 )  # fmt: skip
+LDS_MAX = 48 * 1024
 FIELDS = ("vgpr_count", "vgpr_spill_count", "sgpr_spill_count", "private_segment_fixed_size")
 MODES = {"sampled": (False, False), "greedy": (True, False), "fp64": (False, True)}
 # The int arguments of an even step's launch on a 129280-token vocabulary, 5 draft steps and
@@ -134,7 +135,10 @@ def test_gfx942_resources(builds, build):
     b = builds[build]
     assert b["vgpr_spill_count"] == 0, b
     assert b["private_segment_fixed_size"] == 0, b  # no scratch: SGPR spills stay in VGPR lanes
-    assert b["lds"] <= 64 * 1024, b
+    # gfx942 gives a workgroup 64 KiB; a quarter of it stays free, as margin for other Triton
+    # releases' allocations (vLLM's ROCm builds pin their own), whose overflow would send
+    # every step of that batch size to vLLM's loop.
+    assert b["lds"] <= LDS_MAX, b
     # At most 2 waves a SIMD above this (512 VGPRs a lane): too few to hide memory latency.
     assert b["vgpr_count"] <= 168, b
     if build.endswith(("-jit", "-no-buffer-ops")):
