@@ -61,15 +61,16 @@ BUILDS = [
 ] + [f"{min(top, 256)}-verify" for top, c in F.GPU_CONFIGS if c["FAST"]]
 
 
-def _attrs(arg_names: list[str], pointer) -> dict:
-    """The argument attributes of a specialization (ASTSource's attrs)."""
+def _attrs(fn, pointer) -> dict:
+    """The argument attributes of a specialization (ASTSource's attrs): the ints the JIT
+    specializes (not ``fn.do_not_specialize``) marked where they are multiples of 16."""
     if pointer is None:
         return {}
     attrs = {}
-    for i, name in enumerate(arg_names):
+    for i, name in enumerate(fn.arg_names):
         if name.endswith("_ptr"):
             attrs[(i,)] = pointer
-        elif INTS.get(name, 1) % 16 == 0:
+        elif name not in fn.do_not_specialize and INTS.get(name, 1) % 16 == 0:
             attrs[(i,)] = [["tt.divisibility", 16]]
     return attrs
 
@@ -89,7 +90,7 @@ def _compile_all() -> dict:
             n: POINTERS[n[:-4]] if n.endswith("_ptr") else "constexpr" if n.isupper() else "i32"
             for n in fn.arg_names
         }
-        src = ASTSource(fn, sig, consts, _attrs(fn.arg_names, SPECS[spec]))
+        src = ASTSource(fn, sig, consts, _attrs(fn, SPECS[spec]))
         kernel = triton.compile(src, target=target, options=options)
         asm = kernel.asm["amdgcn"]
         figures = {f: int(re.search(rf"\.{f}:\s+(\d+)", asm).group(1)) for f in FIELDS}

@@ -300,11 +300,11 @@ def _launch(spec, num_reqs: int, base: torch.Tensor, w1: torch.Tensor, w2: torch
     if not cfg["NATIVE_BF16"]:  # the interpreter reads bf16 as int16 bits (_markov_kernels)
         w1, w2, base, cache = (t.view(torch.int16) for t in (w1, w2, base, cache))
     tokens = spec.draft_tokens
+    # The sampling state (requests and positions of every step, temperatures, seeds, logits
+    # cache), in the order both kernels take it.
+    sampling = (idx_map, pos, idx_map.stride(0), spec.temperature)
+    sampling += (spec.seeds, cache, cache.stride(0), cache.stride(1))
     for step in range(n_spec):
-        # The step's sampling state (requests, positions, temperatures, seeds, logits cache), in
-        # the order both kernels take it.
-        sampling = (idx_map[:, step], pos[:, step], idx_map.stride(0), spec.temperature)
-        sampling += (spec.seeds, cache, cache.stride(0), cache.stride(1))
         K._markov_step_kernel[grid](
             spec.input_buffers.input_ids,
             spec._anchor_idx,
