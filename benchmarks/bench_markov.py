@@ -201,6 +201,7 @@ SWEEP = [
     dict(R_TILE=64),
     dict(BK=64),
     dict(num_stages=3),
+    dict(XCDS=1),
 ]
 GREEDY_SWEEP = [
     dict(),
@@ -214,6 +215,7 @@ GREEDY_SWEEP = [
     dict(BV=256),
     dict(num_warps=4),
     dict(num_warps=16),
+    dict(XCDS=1),
 ]
 
 

@@ -212,6 +212,30 @@ def test_block_winner_is_the_first_largest_key(nan_max):
     assert torch.equal(col, ref_col.to(torch.int32))
 
 
+@triton.jit
+def _xcd_kernel(out_ptr, total, XCDS: tl.constexpr, BLOCK: tl.constexpr):
+    lin = tl.arange(0, BLOCK)
+    tl.store(out_ptr + lin, K._xcd_order(lin, total, XCDS), mask=lin < total)
+
+
+@pytest.mark.parametrize("total", [1, 7, 8, 9, 63, 1010, 2020, 8 * 1010 + 5])
+@pytest.mark.parametrize("xcds", [8, 6])
+def test_die_order_is_a_permutation_of_contiguous_runs(total, xcds):
+    """``_xcd_order``: every program runs once, and the programs that the dispatcher deals to
+    one die (slots ``d, d + XCDS, ...``) are consecutive, in order: the row tiles of one block of
+    markov_w2 share that die's L2. Totals that are multiples of the dies and that are not."""
+    block = triton.next_power_of_2(total)
+    out = torch.full((block,), -1, dtype=torch.int32)
+    _xcd_kernel[(1,)](out, total, XCDS=xcds, BLOCK=block)
+    got = out[:total].long()
+    assert torch.equal(got.sort().values, torch.arange(total))
+    for die in range(xcds):
+        run = got[die::xcds]
+        assert torch.equal(run, torch.arange(len(run)) + (run[0] if len(run) else 0))
+    starts = [int(got[d]) for d in range(min(xcds, total))]
+    assert starts == sorted(starts)  # die d's run before die d + 1's
+
+
 def test_fast_noise_takes_the_exact_winner():
     """Two live tokens with equal logits, in different vocabulary blocks, whose fast noises
     order them the other way round than vLLM's noise (found by search): the fused path with the

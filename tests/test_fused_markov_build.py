@@ -9,10 +9,10 @@ aligned and within 2 GiB (DSv4.1's 129280-token rows; AMD buffer loads, ``buffer
 the same without buffer loads (``AMDGCN_USE_BUFFER_OPS=0``), and with no alignment known (a
 vocabulary that is not a multiple of 8: every bf16 load scalar, ``global_load_ushort``). Triton
 3.8 here, 129280 tokens, rank 256, over the configurations and modes: aligned with buffer loads,
-VGPRs 54-124, LDS 20-48 KiB, and at 256 rows 1429 static instructions sampled with the fast
-noise (BV 128, 8 waves; 1551 with vLLM's exact noise), 1425 greedy (128-row tiles); unaligned,
-VGPRs 67-132, LDS 8-32 KiB, 2729 sampled, 3893 greedy; the verify kernel 32-38 VGPRs, 468-486
-instructions. SGPRs that do
+VGPRs 54-122, LDS 20-48 KiB, and at 256 rows 1486 static instructions sampled with the fast
+noise (BV 128, 8 waves; 1429 before the dies' program order, ``fused_markov.GFX942_XCDS``),
+1405 greedy (128-row tiles); unaligned, VGPRs 67-132, LDS 8-32 KiB; the verify kernel 32-38
+VGPRs, 470-488 instructions. SGPRs that do
 not fit go to VGPR lanes, never to memory (the scratch check). The H200 runs the same kernels
 (tests/test_fused_markov_gpu.py); no gfx942 has run them yet.
 """
@@ -106,6 +106,7 @@ def _compile_all() -> dict:
             cfg = F._config(rows, 129280, 256, False, greedy=greedy)
             options = {k: cfg.pop(k) for k in ("num_warps", "num_stages")}
             fast_log = "log2" if cfg["FAST_LOG"] else ""  # _config here names this CPU's backend
+            cfg["XCDS"] = F.GFX942_XCDS  # and its dies (one)
             consts = dict(cfg, RANK=256, GREEDY=greedy, USE_FP64=fp64, NB_CHUNK=F.NB_CHUNK)
             consts["FAST_LOG"] = fast_log if mode == "sampled" else ""
             for spec in SPECS:

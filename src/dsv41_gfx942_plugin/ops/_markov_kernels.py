@@ -3,9 +3,10 @@
 One launch a draft step, grid ``(cdiv(rows, R_TILE), cdiv(V, BV))``: program ``(t, p)`` owns rows
 ``[t*R_TILE, (t+1)*R_TILE)`` (``R_EPI`` of them past the GEMM) and tokens ``[p*BV, (p+1)*BV)``.
 The row tile is the fastest-varying program id, so the programs reading one block of
-``markov_w2`` run side by side and all but the first find it in L2; odd steps take the vocabulary
-blocks in reverse, so a step starts on the blocks its predecessor read last, still in L2 (66 MB
-``markov_w2``, 50 MB L2 on an H200). A program
+``markov_w2`` run side by side and all but the first find it in L2 (on gfx942, whose dies each
+have their own L2, the programs are first reordered so that those run on one die:
+``_xcd_order``); odd steps take the vocabulary blocks in reverse, so a step starts on the blocks
+its predecessor read last, still in L2 (66 MB ``markov_w2``, 50 MB L2 on an H200). A program
 
 1. takes its rows' previous tokens: step 0 the anchor ``input_ids[anchor_idx[r]]``, a later step
    the previous step's winner (block 0's programs also store it in ``draft_tokens[r, step - 1]``);
@@ -179,6 +180,21 @@ def _order64(y, NAN_MAX: tl.constexpr):
 
 
 @triton.jit
+def _xcd_order(lin, total, XCDS: tl.constexpr):
+    """The program that dispatch slot ``lin`` (of ``total``) runs, so that each of ``XCDS``
+    dies gets consecutive programs. gfx942 deals workgroups to its XCDs (each with its own L2)
+    in turn, slot ``lin`` to die ``lin % XCDS``: without this the row tiles sharing a block of
+    markov_w2 land on different dies, and every die's L2 fetches the block. Die ``d`` runs
+    programs ``[first_d, first_d + count_d)`` in order, the first dies one more than the rest
+    when ``total`` is not a multiple of ``XCDS``. A bijection on ``[0, total)``."""
+    per = (total + XCDS - 1) // XCDS  # programs of the dies that take one more
+    tall = total - (per - 1) * XCDS  # how many dies take `per` (1..XCDS)
+    die = lin % XCDS
+    k = lin // XCDS
+    return tl.where(die < tall, die * per + k, tall * per + (die - tall) * (per - 1) + k)
+
+
+@triton.jit
 def _prev_tokens(
     r,
     rmask,
@@ -268,17 +284,25 @@ def _markov_step_kernel(
     NATIVE_BF16: tl.constexpr,
     NB_CHUNK: tl.constexpr,
     FAST_LOG: tl.constexpr,
+    XCDS: tl.constexpr,
 ):
-    # Row tile fastest: the programs reading one block of markov_w2 run side by side (L2 hits).
-    # Odd steps walk the vocabulary backwards: they start on the blocks the step before read
-    # last, still in L2 (H200-measured, graphed, 5 steps at 1 row: 122 -> 103 us).
+    # Row tile fastest: the programs reading one block of markov_w2 run side by side (L2 hits),
+    # on one die of a multi-die GPU (XCDS > 1, _xcd_order). Odd steps walk the vocabulary
+    # backwards: they start on the blocks the step before read last, still in L2 (H200-measured,
+    # graphed, 5 steps at 1 row: 122 -> 103 us).
+    tile = tl.program_id(0)
     pid = tl.program_id(1)
+    if XCDS > 1:
+        tiles = tl.num_programs(0)
+        lin = _xcd_order(tile + tiles * pid, tiles * nb, XCDS)
+        tile = lin % tiles
+        pid = lin // tiles
     pid = tl.where(step % 2 == 1, nb - 1 - pid, pid)
     v = pid * BV + tl.arange(0, BV)
     vmask = v < vocab
     v64 = v.to(tl.int64)
     PACKED: tl.constexpr = not USE_FP64
-    r = tl.program_id(0) * R_TILE + tl.arange(0, R_TILE)
+    r = tile * R_TILE + tl.arange(0, R_TILE)
     rmask = r < rows
     prev = _prev_tokens(
         r,

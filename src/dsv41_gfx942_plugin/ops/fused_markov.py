@@ -84,6 +84,14 @@ GREEDY_GPU_CONFIGS = (
     (64, dict(BV=128, BK=64, R_TILE=64, num_warps=8, num_stages=2, FAST=False)),
     (1 << 30, dict(BV=128, BK=32, R_TILE=128, num_warps=8, num_stages=4, FAST=False)),
 )
+# Dies (XCDs) of a gfx942 MI300X / MI325X, which deal a launch's workgroups in turn: the step
+# kernel then orders its programs so that the row tiles sharing a block of markov_w2 run on one
+# die and its L2 (_markov_kernels._xcd_order). Modelled, not measured: at 256 sampled rows (8
+# row tiles) each die's L2 would otherwise fetch all of markov_w2 every step, 8 x 66 MB from the
+# Infinity Cache, against about 66 MB. An MI300A (6 dies) stays correct, its dies then holding
+# uneven ranges. One die elsewhere (NVIDIA: one L2 for every SM, the order left as it is).
+# `bench_markov.py --sweep` times XCDS 1 against it.
+GFX942_XCDS = 8
 DOT_MIN_TILE = 16
 # Under the interpreter every program costs Python time (about 0.1 s on a CI core): large
 # blocks, few programs (16 vocabulary blocks a step at 129280 tokens).
@@ -214,8 +222,9 @@ def _config(
 ) -> dict:
     """Block sizes of a step launch for this batch of sampled (or ``greedy``) drafts, and
     ``FAST_LOG``: the fast noise's log on this backend ("ptx" on CUDA, "log2" on ROCm and in the
-    interpreter), or "" for vLLM's exact noise on every token. On a GPU, ``over`` replaces
-    entries of the table's configuration (``benchmarks/bench_markov.py --sweep``)."""
+    interpreter), or "" for vLLM's exact noise on every token, and ``XCDS``, the dies the step
+    kernel orders its programs for. On a GPU, ``over`` replaces entries of the table's
+    configuration (``benchmarks/bench_markov.py --sweep``)."""
     rows = triton.next_power_of_2(num_reqs)
     table = next(c for top, c in (GREEDY_GPU_CONFIGS if greedy else GPU_CONFIGS) if rows <= top)
     if interpreted:
@@ -230,8 +239,9 @@ def _config(
             USE_DOT=False,
             NATIVE_BF16=False,
             FAST_LOG="log2" if table["FAST"] else "",
+            XCDS=GFX942_XCDS,  # the die order gfx942 runs
         )
-    cfg = table | (over or {})
+    cfg = dict(XCDS=GFX942_XCDS if torch.version.hip else 1) | table | (over or {})
     cfg["BK"] = min(cfg["BK"], rank & -rank)  # a power of 2 that divides the rank
     cfg["R_TILE"] = tile = max(DOT_MIN_TILE, min(rows, cfg["R_TILE"]))
     fast_log = ("log2" if torch.version.hip else "ptx") if cfg.pop("FAST") else ""
