@@ -128,6 +128,14 @@ def _noise32(u, FAST_LOG: tl.constexpr):
 
 
 @triton.jit
+def _draft_noise_key(seed, pos, step):
+    """The (seed, position) that vLLM's ``gumbel_sample`` keys a draft step's noise by: the
+    request's seed mixed with the step, and the position before the sampled token, salted. The
+    step and verify kernels both draw with it, so their noises are the same draws."""
+    return spec_step_seed(seed, step), pos - 1 + DRAFT_NOISE_SALT
+
+
+@triton.jit
 def _order32(y, NAN_MAX: tl.constexpr):
     """int32 whose signed order is y's (fp32), with -0 == +0 and every NaN the largest
     (``NAN_MAX``) or below -inf."""
@@ -372,10 +380,12 @@ def _markov_step_kernel(
         if USE_FP64:
             y = y.to(tl.float64)
         if tl.max(tl.where(hot, 1, 0)) > 0:
-            seed = spec_step_seed(tl.load(seeds_ptr + req, mask=live, other=0), step)[:, None]
-            # gumbel_sample keys a draw by the position before the sampled token, salted.
-            pos = (tl.load(pos_ptr + r * map_stride + step, mask=rmask, other=1) - 1)[:, None]
-            pos = pos + DRAFT_NOISE_SALT
+            seed, pos = _draft_noise_key(
+                tl.load(seeds_ptr + req, mask=live, other=0),
+                tl.load(pos_ptr + r * map_stride + step, mask=rmask, other=1),
+                step,
+            )
+            seed, pos = seed[:, None], pos[:, None]
             if USE_FP64:
                 u = murmur3_uniform64(seed, pos, v[None, :])
                 noise = -tl.log(-tl.log(u))
@@ -437,8 +447,9 @@ def _markov_verify_kernel(
         j = tl.arange(0, NB_P2)
         bo = tl.load(bbest_ptr + r * scr_stride + j, mask=j < nb, other=-0x80000000)
         cand = bo >= _order32(m - 2.0 * delta, False)
-        seed = spec_step_seed(tl.load(seeds_ptr + req), step)
-        pos = tl.load(pos_ptr + r * map_stride + step) - 1 + DRAFT_NOISE_SALT
+        seed, pos = _draft_noise_key(
+            tl.load(seeds_ptr + req), tl.load(pos_ptr + r * map_stride + step), step
+        )
         best = tl.full([1], KEY_MIN, tl.int64)
         blk = tl.min(tl.where(cand, j, nb))
         while blk < nb:
