@@ -34,7 +34,12 @@
 #include "portability.h"
 
 constexpr int TOPK = 512;
-constexpr int DIGIT = 8;                // bits a radix pass resolves at most
+// DIGIT: bits a radix pass resolves at most. 9 bits (H200, same-run A/B, two rounds): within 2%
+// either way (dense 6x1M 31.14 -> 30.45 us, masked 32x128k 21.27 -> 20.71, masked 6x16k 9.99 ->
+// 10.16, the rest within 1%): the passes saved cost as much in wider bins. 10 bits take the
+// candidate kernel past sm_90's 48 KB of static shared memory (48.3 KiB on gfx942), 11 bits the
+// chunk kernel to one workgroup a gfx942 CU (40.3 KiB of LDS).
+constexpr int DIGIT = 8;
 constexpr int HIST = 1 << DIGIT;        // bins of a radix pass
 // Keys above the floor that top_k copies to LDS. 3072 (H200, same-run A/B) was no faster and
 // made dense 32 x 128k 34.0 -> 39.4 us: the chunks of random rows whose one floor pass lands on
