@@ -395,10 +395,12 @@ def _markov_step_kernel(
 
     if PACKED:
         # The block's best of each row in int32 (its first index among equal ones), then one
-        # int64 key a row.
+        # int64 key a row. Relaxed: only the next launch reads the key, and a kernel boundary
+        # orders it; Triton's default (acq_rel) fences every program at device scope, on gfx942
+        # an L2 write-back and invalidate around each atomic (buffer_wbl2 / buffer_inv sc1).
         best, at = _first_max(y, m2, BV, GREEDY)
         key = _pack_key(best, pid * BV + at)
-        tl.atomic_max(win_ptr + step * win_stride + r, key, mask=rmask)
+        tl.atomic_max(win_ptr + step * win_stride + r, key, mask=rmask, sem="relaxed")
         if FAST_LOG != "":
             tl.store(bbest_ptr + r * scr_stride + pid, best, mask=rmask)
     else:
