@@ -15,6 +15,7 @@ vLLM's bias or one of its bf16 neighbours); at most 1e-3 of the compared values 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import types
 
@@ -190,13 +191,26 @@ def _restore(spec, state):
         spec.draft_logits.copy_(state["cache"])
 
 
-def run_both(spec, rows, head_hidden, fused):
-    """vLLM's loop, then ``fused(spec, rows, head_hidden)`` from the same state: two snapshots."""
+def run_both(spec, rows, head_hidden, fused, fused_only: bool = True):
+    """vLLM's loop, then ``fused(spec, rows, head_hidden)`` from the same state: two snapshots.
+    With ``fused_only`` a fall-back of the fused call to vLLM's loop (``fused_markov._loop_rest``,
+    which also returns True) fails the test, so that a comparison never compares vLLM's loop
+    with itself."""
+    from unittest import mock
+
+    from dsv41_gfx942_plugin.ops import fused_markov
+
     start = snapshot(spec)
     vllm_sample_sequential()(spec, rows, head_hidden)
     ref = snapshot(spec)
     _restore(spec, start)
-    took = fused(spec, rows, head_hidden)
+    fell_back = AssertionError("the fused call fell back to vLLM's loop")
+    with (
+        mock.patch.object(fused_markov, "_loop_rest", side_effect=fell_back)
+        if fused_only
+        else (contextlib.nullcontext())
+    ):
+        took = fused(spec, rows, head_hidden)
     out = snapshot(spec)
     return took, ref, out
 
@@ -256,9 +270,11 @@ def check_rule(spec, rows, base3, bias_fn, ref, out, stats: RuleStats | None = N
         t_out = out["tokens"][:rows, i].cpu()
         assert ((t_out >= 0) & (t_out < vocab)).all(), t_out
         for r in range(rows):
-            if not same[r]:
-                continue
             req = int(idx[r, i])
+            if not same[r]:  # an earlier token differs: this step's inputs do too
+                if not greedy and req >= 0:
+                    checked_cache[req, i] = True
+                continue
             stats.tokens += 1
             stats.tokens_equal += int(t_ref[r] == t_out[r])
             hot = not greedy and req >= 0 and float(temp[req]) != 0.0
@@ -284,13 +300,10 @@ def check_rule(spec, rows, base3, bias_fn, ref, out, stats: RuleStats | None = N
                         ok |= c == c_out.float()
                     assert ok[bad].all(), (r, i, bad.nonzero()[:5].flatten().tolist())
             if not hot:
-                # Argmax rows: the token's logit is the maximum within one bf16 ulp.
+                # Argmax rows: the token's logit is the maximum, or the bf16 value just below it.
                 mx = logits[r].max()
                 if torch.isfinite(mx):
-                    ulp = (mx.abs().to(torch.bfloat16).view(torch.int16) + 1).view(
-                        torch.bfloat16
-                    ).float() - mx.abs()
-                    assert logits[r, t_out[r]] >= mx - ulp, (r, i, float(mx))
+                    assert logits[r, t_out[r]] >= _bf16_below(mx), (r, i, float(mx))
                 elif torch.isnan(mx):
                     pass
                 else:
@@ -303,7 +316,22 @@ def check_rule(spec, rows, base3, bias_fn, ref, out, stats: RuleStats | None = N
         assert torch.equal(
             ref["cache"][rest].view(torch.int16), out["cache"][rest].view(torch.int16)
         )
+    # A cached value differs from vLLM's only through a last-bit bias difference: rarely.
+    assert stats.differ <= 1e-3 * max(stats.compared, 1), (stats.differ, stats.compared)
     return stats
+
+
+def _bf16_below(x: torch.Tensor) -> torch.Tensor:
+    """The bf16 value just below the (bf16, finite) ``x``, as fp32."""
+    x = x.detach()
+    bits = x.to(torch.bfloat16).view(torch.int16).to(torch.int32)
+    if float(x) > 0:
+        bits = bits - 1
+    elif float(x) < 0:
+        bits = bits + 1
+    else:
+        bits = torch.tensor(-0x7FFF, dtype=torch.int32)  # 0x8001: the least negative subnormal
+    return bits.to(torch.int16).view(torch.bfloat16).float()
 
 
 def clone_case(spec):

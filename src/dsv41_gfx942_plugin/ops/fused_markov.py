@@ -46,17 +46,16 @@ __all__ = ["sample_sequential"]
 # Triton's num_warps and num_stages, and FAST (the fast noise and its verify launch). Chosen on an
 # H200 against their neighbours in the same run (fused graphed, 5 steps, V = 129280, rank 256;
 # every sweep and every design measured and not adopted: benchmarks/markov_sweeps.md):
-# - <= 8 rows: 1 row 103 us against BV 64 111 and BV 256 (8 warps) 114; 8 rows 120 against 122.
-# - <= 16 rows: the exact noise: with the verify launches 144.6 us against 145.2, in a later run
-#   144.5 against 136.3.
+# - <= 16 rows: 1 row 103 us against BV 64 111 and BV 256 (8 warps) 114; 8 rows 120 against 122;
+#   the exact noise. 16 rows (after the relaxed winner atomics, `bench_markov.py --sweep 8,16,32`):
+#   130.8 us against 137.9 with BV 64 (the entry before), 139.5 with the verify launches.
 # - <= 32 rows: BK 64 with 3 stages, 192 us against 200 with BK 32 and 4; the fast noise 188.8
 #   against 190.9.
 # - above: BV 128 with 8 warps, two rounds of one run, 64 / 128 / 256 rows 248.9-251.3 /
 #   405.7-408.1 / 730.1-732.5 us against 269.0-278.7 / 451.5-454.0 / 764.1-773.7 with BV 64 and
 #   4 warps; every neighbour tried since is slower (gfx942: 70 VGPRs, 30 KiB LDS at 256 rows).
 GPU_CONFIGS = (
-    (8, dict(BV=128, BK=64, R_TILE=16, num_warps=4, num_stages=3, FAST=False)),
-    (16, dict(BV=64, BK=64, R_TILE=16, num_warps=4, num_stages=3, FAST=False)),
+    (16, dict(BV=128, BK=64, R_TILE=16, num_warps=4, num_stages=3, FAST=False)),
     (32, dict(BV=64, BK=64, R_TILE=32, num_warps=4, num_stages=3, FAST=True)),
     (1 << 30, dict(BV=128, BK=32, R_TILE=32, num_warps=8, num_stages=4, FAST=True)),
 )
@@ -181,13 +180,19 @@ def _why_not(spec, num_reqs: int) -> str | None:
         return f"{num_reqs} requests"
     if w2.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         return "CPU tensors without the Triton interpreter"
-    if (
-        w2.device.type == "cuda"
-        and torch.cuda.is_current_stream_capturing()
-        and _key(spec, w2.device, lp.org_vocab_size) not in _buffers
-    ):
+    if _capturing_cold(spec, w2.device, lp.org_vocab_size):
         return "scratch not allocated before CUDA graph capture"
     return None
+
+
+def _capturing_cold(spec, device: torch.device, vocab: int) -> bool:
+    """Whether a CUDA graph is being captured on ``device`` before this speculator's scratch
+    exists: allocating it there would give the graph addresses that the next call replaces."""
+    return (
+        device.type == "cuda"
+        and torch.cuda.is_current_stream_capturing()
+        and _key(spec, device, vocab) not in _buffers
+    )
 
 
 def _key(spec, device, vocab):
