@@ -113,7 +113,10 @@ def _compile_all() -> dict:
             for spec in SPECS:
                 out[f"{rows}-{mode}-{spec}"] = build(K._markov_step_kernel, consts, spec, options)
             if fast_log and mode == "sampled":
-                consts = dict(BV=cfg["BV"], NB_P2=2048, NATIVE_BF16=True)
+                nb_p2 = triton.next_power_of_2(
+                    triton.cdiv(129280, cfg["BV"])
+                )  # as _launch passes it
+                consts = dict(BV=cfg["BV"], NB_P2=nb_p2, NATIVE_BF16=True)
                 verify = build(K._markov_verify_kernel, consts, "jit", {"num_warps": 4})
                 out[f"{rows}-verify"] = verify
     return out

@@ -80,7 +80,8 @@ def logits_of(rows, width, kind="randn", seed=0, stride=None):
     elif kind == "specials":
         u = torch.rand(x.shape, generator=g)
         x.masked_fill_(u < 0.002, float("inf"))
-        x.masked_fill_((u >= 0.002) & (u < 0.003), float("nan"))
+        x.masked_fill_((u >= 0.002) & (u < 0.0025), float("nan"))
+        x.masked_fill_((u >= 0.0025) & (u < 0.003), -float("nan"))  # sign bit set
         x.masked_fill_((u >= 0.003) & (u < 0.01), -0.0)
         x.masked_fill_((u >= 0.02) & (u < 0.1), NEG)
     return x
@@ -146,11 +147,17 @@ def test_decode_general_path(emu):
 
 
 def test_decode_causal(emu):
+    """1-D lengths: draft row r % 3 ends 2 - r % 3 columns before the request's length (4997,
+    4998, 4999); the largest logits sit in the last three columns, so a wrong end shows. The
+    index buffer's columns past 512 are left as they were."""
     x = logits_of(3, 5000, "randn", seed=4)
+    x[:, -3:] = 1e30
     seq = torch.tensor([4999], dtype=torch.int32)
-    idx = out(3, 600)[:, :512]
+    buf = out(3, 600)
+    idx = buf[:, :512]
     assert topk.decode_top_k(x, 3, seq, idx, 512)
     ref.check_decode(x, 3, seq, idx, f"wave{emu} causal")
+    assert bool((buf[:, 512:] == 12345).all())
 
 
 @pytest.mark.parametrize("dups", [True, False])
@@ -230,3 +237,12 @@ def test_select(emu, kind, k):
     cands = torch.full((1, k), 777, dtype=torch.int32)
     assert topk.select_candidates(x, 1, seq, 8, cands)
     ref.check_select(x, 1, seq, 8, cands, f"wave{emu} select {kind}")
+
+
+def test_select_one_length_a_request(emu):
+    """1-D lengths, one a request of next_n 2: both draft rows of a request end at its length."""
+    x = logits_of(4, 32768, "randn", seed=10)
+    seq = torch.tensor([20001, 32768], dtype=torch.int32)
+    cands = torch.full((4, 2048), 777, dtype=torch.int32)
+    assert topk.select_candidates(x, 2, seq, 8, cands)
+    ref.check_select(x, 2, seq, 8, cands, f"wave{emu} select 1-D")

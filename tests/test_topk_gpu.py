@@ -49,7 +49,8 @@ def make_logits(rows, width, kind="randn", seed=0, stride=None):
     elif kind == "specials":  # +inf, NaN, -0, +0, -inf sprinkled over random values
         u = torch.rand(x.shape, device=DEV, generator=g)
         x.masked_fill_(u < 0.002, float("inf"))
-        x.masked_fill_((u >= 0.002) & (u < 0.003), float("nan"))
+        x.masked_fill_((u >= 0.002) & (u < 0.0025), float("nan"))
+        x.masked_fill_((u >= 0.0025) & (u < 0.003), -float("nan"))  # sign bit set
         x.masked_fill_((u >= 0.003) & (u < 0.01), -0.0)
         x.masked_fill_((u >= 0.01) & (u < 0.02), 0.0)
         x.masked_fill_((u >= 0.02) & (u < 0.1), NEG)

@@ -71,8 +71,11 @@ def test_decode_one_chunk_is_one_launch(calls):
     assert [c[0] for c in calls] == ["dsv_topk512_chunks"]
 
 
-def test_decode_unaligned_stride_takes_general_path(calls):
-    logits = torch.zeros(6, 131075)[:, :131072]
+@pytest.mark.parametrize("cut", ["stride", "start"])
+def test_decode_unaligned_rows_take_general_path(calls, cut):
+    """Rows not 16-byte aligned, by their stride or by where they start: the general path."""
+    full = torch.zeros(6, 131075 if cut == "stride" else 131076)
+    logits = full[:, :131072] if cut == "stride" else full[:, 1:131073]
     _, next_n, seq, idx = decode_inputs()
     assert topk.decode_top_k(logits, next_n, seq, idx, 512)
     assert calls[0][0] == "dsv_topk512_chunks_stream" and calls[0][1] == (8, 6, 1)
@@ -91,9 +94,14 @@ def test_decode_unaligned_stride_takes_general_path(calls):
         "idx_col_stride",
         "next_n_0",
         "1d_lens_short",
+        "idx_rows_short",
+        "idx_1d",
+        "logits_3d",
+        "lens_noncontig",
+        "no_scratch",
     ],
 )
-def test_decode_refuses(calls, change):
+def test_decode_refuses(calls, change, monkeypatch):
     logits, next_n, seq, idx = decode_inputs()
     topk_tokens = 512
     if change == "topk256":
@@ -116,6 +124,16 @@ def test_decode_refuses(calls, change):
         next_n = 0
     elif change == "1d_lens_short":
         seq, next_n = torch.full((2,), 5, dtype=torch.int32), 2
+    elif change == "idx_rows_short":
+        idx = idx[:5]
+    elif change == "idx_1d":
+        idx = idx.flatten()
+    elif change == "logits_3d":
+        logits = logits.view(6, 1, -1)
+    elif change == "lens_noncontig":
+        seq = torch.full((6, 2), 9, dtype=torch.int32)[:, :1]
+    elif change == "no_scratch":  # during graph capture the scratch cannot grow
+        monkeypatch.setattr(topk._scratch, "get", lambda device, numel: None)
     assert topk.decode_top_k(logits, next_n, seq, idx, topk_tokens) is False
     assert calls == []
     assert bool((idx == 7).all())
@@ -140,6 +158,8 @@ def test_candidate_gating(calls):
     assert not topk.candidate_top_k(logits, next_n, seq, cands[:5], 8, idx, 512)
     assert not topk.candidate_top_k(logits, next_n, seq, cands, 8, idx, 2048)
     assert not topk.candidate_top_k(logits, next_n, seq, torch.zeros(6, 4096).int(), 1, idx, 512)
+    assert not topk.candidate_top_k(logits, next_n, seq, cands[:, ::2], 8, idx, 512)
+    assert not topk.candidate_top_k(logits, next_n, seq, cands[:, :0], 8, idx, 512)
     assert calls == []
     assert topk.candidate_top_k(logits, next_n, seq, cands, 8, idx, 512)
     assert [c[0] for c in calls] == ["dsv_topk512_candidates"]
@@ -153,6 +173,9 @@ def test_select_gating(calls):
     assert not topk.select_candidates(logits, 3, seq.long(), 8, cands)
     assert not topk.select_candidates(logits, 3, seq, 2, cands)  # 65536 blocks
     assert not topk.select_candidates(logits, 3, seq, 8, cands[:, ::2])
+    assert not topk.select_candidates(logits, 3, seq, 8, cands.long())
+    assert not topk.select_candidates(logits, 3, seq, 8, cands[:5])
+    assert not topk.select_candidates(logits, 3, seq, 0, cands)
     assert calls == []
     assert topk.select_candidates(logits, 3, seq, 8, cands)
     assert calls[0][0] == "dsv_select_blocks" and calls[0][3][4] == 3  # one length a request
@@ -166,6 +189,10 @@ def test_compact_gating(calls):
     assert not topk.compact_top_k_512(logits, ids.long(), seq, 1, idx)
     assert not topk.compact_top_k_512(torch.zeros(6, 16385), ids, seq, 1, idx)
     assert not topk.compact_top_k_512(logits, ids, seq, 1, idx[:, :500])
+    assert not topk.compact_top_k_512(logits, ids[:, :100], seq, 1, idx)
+    assert not topk.compact_top_k_512(logits, torch.zeros(6, 32768, dtype=torch.int32)[:, ::2],
+                                      seq, 1, idx)  # fmt: skip
+    assert not topk.compact_top_k_512(logits, ids, seq, 0, idx)
     assert calls == []
     assert topk.compact_top_k_512(logits, ids, seq, 1, idx)
     assert [c[0] for c in calls] == ["dsv_topk512_compact"]
@@ -222,6 +249,11 @@ def test_reference_check_can_fail():
     dup[0, 1] = dup[0, 0]
     with pytest.raises(AssertionError, match="repeated"):
         ref.check_decode(x, 1, seq, dup)
+    zeros = torch.zeros(1, 900)  # -0 equals +0 at the cut: any 212 of the zeros will do
+    zeros[0, :300] = 9.0
+    zeros[0, 300:600] = -0.0
+    pick = torch.cat([torch.arange(300), torch.arange(450, 662)]).int().view(1, 512)  # -0, +0
+    ref.check_decode(zeros, 1, torch.tensor([[900]], dtype=torch.int32), pick)
     nan = torch.randn(1, 1000)
     nan[0, 3] = float("nan")
     top = torch.topk(nan, 512).indices.int()
