@@ -202,6 +202,8 @@ SWEEP = [
     dict(BK=64),
     dict(num_stages=3),
     dict(XCDS=1),
+    dict(BLOCKS=1),
+    dict(BLOCKS=2),
 ]
 GREEDY_SWEEP = [
     dict(),
@@ -216,6 +218,8 @@ GREEDY_SWEEP = [
     dict(num_warps=4),
     dict(num_warps=16),
     dict(XCDS=1),
+    dict(BLOCKS=1),
+    dict(BLOCKS=2),
 ]
 
 

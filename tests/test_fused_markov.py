@@ -124,14 +124,18 @@ def test_padded_tile_folds_to_the_rows(rows, greedy, monkeypatch):
     assert stats.tokens_equal == stats.tokens
 
 
-@pytest.mark.parametrize("greedy,fp64", [(True, False), (False, True)])
-def test_many_vocabulary_blocks(greedy, fp64, monkeypatch):
-    """Greedy and fp64 drafts over several vocabulary blocks (the interpreter's own block holds
-    the other cases' vocabularies whole): the winner over the blocks' packed keys, and fp64's
-    scan of the blocks' bests, each keeping the first of equal maxima."""
+@pytest.mark.parametrize(
+    "greedy,fp64,vocab", [(True, False, 1500), (False, True, 1500), (False, False, 1200)]
+)
+def test_many_vocabulary_blocks(greedy, fp64, vocab, monkeypatch):
+    """Drafts over several vocabulary blocks (the interpreter's own block holds the other cases'
+    vocabularies whole), two blocks a program (small batches, BLOCKS), the last program one of
+    them when the blocks are odd: the winner over the blocks' packed keys, and fp64's scan of
+    the blocks' bests, each keeping the first of equal maxima."""
     monkeypatch.setattr(F, "BV_INTERP", 256)
-    assert -(-1500 // F._config(4, 1500, 64, True)["BV"]) == 6
-    spec, hidden = R.make_case(vocab=1500, rows=4, n_spec=3, greedy=greedy, fp64=fp64, seed=90)
+    cfg = F._config(4, vocab, 64, True, greedy=greedy)
+    assert cfg["BLOCKS"] == 2 and -(-vocab // cfg["BV"]) == (6 if vocab == 1500 else 5)
+    spec, hidden = R.make_case(vocab=vocab, rows=4, n_spec=3, greedy=greedy, fp64=fp64, seed=90)
     took, ref, out = R.run_both(spec, 4, hidden, F.sample_sequential)
     assert took
     stats = R.check_rule(spec, 4, R.model_base(spec, 4, hidden), R.model_bias_fn(spec), ref, out)

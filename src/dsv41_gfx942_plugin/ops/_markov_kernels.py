@@ -248,108 +248,71 @@ def _prev_tokens(
 # row counts, sampled and greedy: 60 step-kernel variants in 45.2 s -> 30 in 25.2 s with these
 # ints unspecialized, launch times within 1% (same run, same tokens); -> 15 in 10.6 s with the
 # step's requests and positions read from their base (below).
-@triton.jit(do_not_specialize=["rows", "step"])
-def _markov_step_kernel(
-    input_ids_ptr,  # int32 [max_tokens]; step 0's previous token is input_ids[anchor_idx[r]]
-    anchor_ptr,  # int64 [rows]
-    w1_ptr,  # bf16 [w1_rows, RANK] markov_w1 (embedding of the previous token)
-    w1_rows,
-    w2_ptr,  # bf16 [>= vocab, RANK] markov_w2 (bias head)
-    base_ptr,  # bf16 base logits of (row r, this step) at base_ptr + r * base_stride + v
+@triton.jit
+def _bias_chunk(
+    acc,
+    w1_ptr,
+    w2_ptr,
+    prev,
+    rmask,
+    v64,
+    vmask,
+    k,
+    RANK: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    NATIVE_BF16: tl.constexpr,
+):
+    """acc [BV, R_TILE] plus the products of rank chunk ``k`` of the previous tokens'
+    embeddings (markov_w1 rows ``prev``) and the block's markov_w2 rows ``v64``."""
+    e_ptr = w1_ptr + prev[:, None] * RANK + k[None, :]
+    w_ptr = w2_ptr + v64[:, None] * RANK + k[None, :]
+    if USE_DOT:
+        e = tl.load(e_ptr, mask=rmask[:, None], other=0.0)
+        w = tl.load(w_ptr, mask=vmask[:, None], other=0.0)
+        return tl.dot(w, tl.trans(e), acc)
+    e = _load_f32(e_ptr, rmask[:, None], NATIVE_BF16)
+    w = _load_f32(w_ptr, vmask[:, None], NATIVE_BF16)
+    return acc + tl.sum(w[:, None, :] * e[None, :, :], axis=2)
+
+
+@triton.jit
+def _epilogue(
+    acc,
+    pid,
+    v,
+    vmask,
+    r,
+    rmask,
+    rows,
+    step,
+    base_ptr,
     base_stride,
-    # int64 sample_idx_mapping of (row r, step s) at idx_ptr + r * map_stride + s: the base, not
-    # the step's column, whose odd steps' 8-byte alignment would be one more JIT variant
     idx_ptr,
-    pos_ptr,  # int64 sample_pos, the same layout
     map_stride,
-    temp_ptr,  # fp32 [max_num_reqs]
-    seeds_ptr,  # int64 [max_num_reqs]
-    cache_ptr,  # bf16 draft_logits [max_num_reqs, n_spec, >= vocab]
+    cache_ptr,
     cache_s0,
     cache_s1,
-    tokens_ptr,  # int64 draft_tokens [max_num_reqs, n_spec]
-    tokens_stride,
-    win_ptr,  # int64 [n_spec, >= rows] packed winners (PACKED)
+    temp_ptr,
+    seeds_ptr,
+    pos_ptr,
+    win_ptr,
     win_stride,
-    prev_keys_ptr,  # int64 / int32 [max_rows, nb] the previous step's block bests (fp64 noise)
-    prev_toks_ptr,
-    out_keys_ptr,  # this step's block bests (fp64 noise)
-    out_toks_ptr,
+    bbest_ptr,
     scr_stride,
-    bbest_ptr,  # int32 [max_rows, nb] this step's block bests (FAST_LOG)
-    rows,
-    vocab,
-    step,
-    nb,
-    RANK: tl.constexpr,
+    out_keys_ptr,
+    out_toks_ptr,
     BV: tl.constexpr,
-    BK: tl.constexpr,
     R_TILE: tl.constexpr,
     R_EPI: tl.constexpr,
     GREEDY: tl.constexpr,
     USE_FP64: tl.constexpr,
-    USE_DOT: tl.constexpr,
     NATIVE_BF16: tl.constexpr,
-    NB_CHUNK: tl.constexpr,
     FAST_LOG: tl.constexpr,
-    XCDS: tl.constexpr,
 ):
-    # Row tile fastest: the programs reading one block of markov_w2 run side by side (L2 hits),
-    # on one die of a multi-die GPU (XCDS > 1, _xcd_order). Odd steps walk the vocabulary
-    # backwards: they start on the blocks the step before read last, still in L2 (H200-measured,
-    # graphed, 5 steps at 1 row: 122 -> 103 us).
-    tile = tl.program_id(0)
-    pid = tl.program_id(1)
-    if XCDS > 1:
-        tiles = tl.num_programs(0)
-        lin = _xcd_order(tile + tiles * pid, tiles * nb, XCDS)
-        tile = lin % tiles
-        pid = lin // tiles
-    pid = tl.where(step % 2 == 1, nb - 1 - pid, pid)
-    v = pid * BV + tl.arange(0, BV)
-    vmask = v < vocab
-    v64 = v.to(tl.int64)
+    """Steps 3-5 for vocabulary block ``pid`` (tokens ``v``) of the rows ``r``, from its
+    fp32 bias sums ``acc`` [BV, R_TILE]: the logits, the cache, the noise, the block's
+    winner of each row."""
     PACKED: tl.constexpr = not USE_FP64
-    r = tile * R_TILE + tl.arange(0, R_TILE)
-    rmask = r < rows
-    prev = _prev_tokens(
-        r,
-        rmask,
-        step,
-        input_ids_ptr,
-        anchor_ptr,
-        win_ptr,
-        win_stride,
-        prev_keys_ptr,
-        prev_toks_ptr,
-        scr_stride,
-        nb,
-        PACKED,
-        NB_CHUNK,
-    )
-    tl.store(
-        tokens_ptr + r * tokens_stride + (step - 1), prev, mask=rmask & (pid == 0) & (step > 0)
-    )
-    # Never read outside markov_w1 (vLLM's embedding would raise on such an anchor).
-    prev = tl.minimum(tl.maximum(prev, 0), w1_rows - 1)
-
-    # The GEMM transposed, tokens as M and rows as N: [BV, R_TILE] (H200-measured, same run,
-    # graphed, 5 steps, 1 / 8 / 32 / 64 / 128 / 256 rows: 101.5 / 119.4 / 185.5 / 275.8 / 466.4 /
-    # 826.7 us with rows as M, 100.6 / 117.2 / 172.1 / 268.2 / 457.5 / 763.3 this way; the same
-    # tokens and cached logits).
-    acc = tl.zeros([BV, R_TILE], dtype=tl.float32)
-    for k0 in range(0, RANK, BK):  # software-pipelined on a GPU (num_stages)
-        k = k0 + tl.arange(0, BK)
-        e_ptr = w1_ptr + prev[:, None] * RANK + k[None, :]
-        w_ptr = w2_ptr + v64[:, None] * RANK + k[None, :]
-        if USE_DOT:
-            e = tl.load(e_ptr, mask=rmask[:, None], other=0.0)
-            w = tl.load(w_ptr, mask=vmask[:, None], other=0.0)
-            acc = tl.dot(w, tl.trans(e), acc)
-        else:
-            e = _load_f32(e_ptr, rmask[:, None], NATIVE_BF16)
-            w = _load_f32(w_ptr, vmask[:, None], NATIVE_BF16)
-            acc += tl.sum(w[:, None, :] * e[None, :, :], axis=2)
     acc = tl.trans(acc)
     if R_EPI < R_TILE:
         # Fewer rows than the tile (padded for tl.dot; one tile): fold the padded rows, exact
@@ -408,6 +371,212 @@ def _markov_step_kernel(
         best, at = tl.max(key, axis=1, return_indices=True, return_indices_tie_break_left=True)
         tl.store(out_keys_ptr + r * scr_stride + pid, best, mask=rmask)
         tl.store(out_toks_ptr + r * scr_stride + pid, pid * BV + at, mask=rmask)
+
+
+@triton.jit(do_not_specialize=["rows", "step"])
+def _markov_step_kernel(
+    input_ids_ptr,  # int32 [max_tokens]; step 0's previous token is input_ids[anchor_idx[r]]
+    anchor_ptr,  # int64 [rows]
+    w1_ptr,  # bf16 [w1_rows, RANK] markov_w1 (embedding of the previous token)
+    w1_rows,
+    w2_ptr,  # bf16 [>= vocab, RANK] markov_w2 (bias head)
+    base_ptr,  # bf16 base logits of (row r, this step) at base_ptr + r * base_stride + v
+    base_stride,
+    # int64 sample_idx_mapping of (row r, step s) at idx_ptr + r * map_stride + s: the base, not
+    # the step's column, whose odd steps' 8-byte alignment would be one more JIT variant
+    idx_ptr,
+    pos_ptr,  # int64 sample_pos, the same layout
+    map_stride,
+    temp_ptr,  # fp32 [max_num_reqs]
+    seeds_ptr,  # int64 [max_num_reqs]
+    cache_ptr,  # bf16 draft_logits [max_num_reqs, n_spec, >= vocab]
+    cache_s0,
+    cache_s1,
+    tokens_ptr,  # int64 draft_tokens [max_num_reqs, n_spec]
+    tokens_stride,
+    win_ptr,  # int64 [n_spec, >= rows] packed winners (PACKED)
+    win_stride,
+    prev_keys_ptr,  # int64 / int32 [max_rows, nb] the previous step's block bests (fp64 noise)
+    prev_toks_ptr,
+    out_keys_ptr,  # this step's block bests (fp64 noise)
+    out_toks_ptr,
+    scr_stride,
+    bbest_ptr,  # int32 [max_rows, nb] this step's block bests (FAST_LOG)
+    rows,
+    vocab,
+    step,
+    nb,
+    RANK: tl.constexpr,
+    BV: tl.constexpr,
+    BK: tl.constexpr,
+    R_TILE: tl.constexpr,
+    R_EPI: tl.constexpr,
+    GREEDY: tl.constexpr,
+    USE_FP64: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    NATIVE_BF16: tl.constexpr,
+    NB_CHUNK: tl.constexpr,
+    FAST_LOG: tl.constexpr,
+    XCDS: tl.constexpr,
+    BLOCKS: tl.constexpr,
+):
+    # Row tile fastest: the programs reading one block of markov_w2 run side by side (L2 hits),
+    # on one die of a multi-die GPU (XCDS > 1, _xcd_order). Odd steps walk the vocabulary
+    # backwards: they start on the blocks the step before read last, still in L2 (H200-measured,
+    # graphed, 5 steps at 1 row: 122 -> 103 us).
+    tile = tl.program_id(0)
+    p = tl.program_id(1)
+    if XCDS > 1 and BLOCKS == 1:
+        tiles = tl.num_programs(0)
+        lin = _xcd_order(tile + tiles * p, tiles * nb, XCDS)
+        tile = lin % tiles
+        p = lin // tiles
+    pid = tl.where(step % 2 == 1, nb - 1 - p, p)
+    v = pid * BV + tl.arange(0, BV)
+    vmask = v < vocab
+    v64 = v.to(tl.int64)
+    PACKED: tl.constexpr = not USE_FP64
+    r = tile * R_TILE + tl.arange(0, R_TILE)
+    rmask = r < rows
+    prev = _prev_tokens(
+        r,
+        rmask,
+        step,
+        input_ids_ptr,
+        anchor_ptr,
+        win_ptr,
+        win_stride,
+        prev_keys_ptr,
+        prev_toks_ptr,
+        scr_stride,
+        nb,
+        PACKED,
+        NB_CHUNK,
+    )
+    # One program of the row tile stores the previous tokens: block 0's (the first program's when
+    # a program walks several blocks, of which block 0 is the last in an odd step).
+    first = pid if BLOCKS == 1 else p
+    tl.store(
+        tokens_ptr + r * tokens_stride + (step - 1), prev, mask=rmask & (first == 0) & (step > 0)
+    )
+    # Never read outside markov_w1 (vLLM's embedding would raise on such an anchor).
+    prev = tl.minimum(tl.maximum(prev, 0), w1_rows - 1)
+
+    # The GEMM transposed, tokens as M and rows as N: [BV, R_TILE] (H200-measured, same run,
+    # graphed, 5 steps, 1 / 8 / 32 / 64 / 128 / 256 rows: 101.5 / 119.4 / 185.5 / 275.8 / 466.4 /
+    # 826.7 us with rows as M, 100.6 / 117.2 / 172.1 / 268.2 / 457.5 / 763.3 this way; the same
+    # tokens and cached logits).
+    acc = tl.zeros([BV, R_TILE], dtype=tl.float32)
+    if BLOCKS == 1:
+        for k0 in range(0, RANK, BK):  # software-pipelined on a GPU (num_stages)
+            acc = _bias_chunk(
+                acc,
+                w1_ptr,
+                w2_ptr,
+                prev,
+                rmask,
+                v64,
+                vmask,
+                k0 + tl.arange(0, BK),
+                RANK,
+                USE_DOT,
+                NATIVE_BF16,
+            )
+        _epilogue(
+            acc,
+            pid,
+            v,
+            vmask,
+            r,
+            rmask,
+            rows,
+            step,
+            base_ptr,
+            base_stride,
+            idx_ptr,
+            map_stride,
+            cache_ptr,
+            cache_s0,
+            cache_s1,
+            temp_ptr,
+            seeds_ptr,
+            pos_ptr,
+            win_ptr,
+            win_stride,
+            bbest_ptr,
+            scr_stride,
+            out_keys_ptr,
+            out_toks_ptr,
+            BV,
+            R_TILE,
+            R_EPI,
+            GREEDY,
+            USE_FP64,
+            NATIVE_BF16,
+            FAST_LOG,
+        )
+    else:
+        # BLOCKS vocabulary blocks a program, p, p + programs, ...: one pipelined loop over
+        # (block, rank chunk), so a block's loads are in flight during the block before's
+        # epilogue (small batches, whose programs otherwise all stream, then all compute).
+        programs = tl.num_programs(1)
+        KSTEPS: tl.constexpr = RANK // BK
+        mine = tl.minimum((nb - p + programs - 1) // programs, BLOCKS)
+        for it in range(0, mine * KSTEPS):
+            j = it // KSTEPS
+            pid = p + j * programs
+            pid = tl.where(step % 2 == 1, nb - 1 - pid, pid)
+            v = pid * BV + tl.arange(0, BV)
+            vmask = v < vocab
+            k = (it - j * KSTEPS) * BK + tl.arange(0, BK)
+            acc = _bias_chunk(
+                acc,
+                w1_ptr,
+                w2_ptr,
+                prev,
+                rmask,
+                v.to(tl.int64),
+                vmask,
+                k,
+                RANK,
+                USE_DOT,
+                NATIVE_BF16,
+            )
+            if it - j * KSTEPS == KSTEPS - 1:
+                _epilogue(
+                    acc,
+                    pid,
+                    v,
+                    vmask,
+                    r,
+                    rmask,
+                    rows,
+                    step,
+                    base_ptr,
+                    base_stride,
+                    idx_ptr,
+                    map_stride,
+                    cache_ptr,
+                    cache_s0,
+                    cache_s1,
+                    temp_ptr,
+                    seeds_ptr,
+                    pos_ptr,
+                    win_ptr,
+                    win_stride,
+                    bbest_ptr,
+                    scr_stride,
+                    out_keys_ptr,
+                    out_toks_ptr,
+                    BV,
+                    R_TILE,
+                    R_EPI,
+                    GREEDY,
+                    USE_FP64,
+                    NATIVE_BF16,
+                    FAST_LOG,
+                )
+                acc = tl.zeros([BV, R_TILE], dtype=tl.float32)
 
 
 @triton.jit(do_not_specialize=["step"])

@@ -43,21 +43,27 @@ __all__ = ["sample_sequential"]
 # GPU launch configurations, by the largest batch (rows rounded up to a power of 2) each serves:
 # vocabulary tokens a program (BV), rank chunk of the pipelined GEMM loop (BK), rows a tile
 # (R_TILE; tl.dot needs M >= 16: fewer rows are padded and folded away before the epilogue),
-# Triton's num_warps and num_stages, and FAST (the fast noise and its verify launch). Chosen on an
+# Triton's num_warps and num_stages, FAST (the fast noise and its verify launch) and BLOCKS (the
+# vocabulary blocks a program walks, in one pipelined loop; 1: a block a program). Chosen on an
 # H200 against their neighbours in the same run (fused graphed, 5 steps, V = 129280, rank 256;
 # every sweep and every design measured and not adopted: benchmarks/markov_sweeps.md):
-# - <= 16 rows: 1 row 103 us against BV 64 111 and BV 256 (8 warps) 114; 8 rows 120 against 122;
-#   the exact noise. 16 rows (after the relaxed winner atomics, `bench_markov.py --sweep 8,16,32`):
-#   130.8 us against 137.9 with BV 64 (the entry before), 139.5 with the verify launches.
+# - <= 8 rows: 1 row 103 us against BV 64 111 and BV 256 (8 warps) 114; 8 rows 120 against 122;
+#   the exact noise. Two blocks a program, three rounds of one run against one (after the relaxed
+#   winner atomics): sampled 1 / 8 rows 94.2-96.5 / 111.4-111.9 -> 89.8-92.0 / 102.1-103.2 us,
+#   greedy 88.7-89.2 / 90.6-91.3 -> 79.6-85.1 / 83.2-88.0, the same tokens and cached logits;
+#   3 or 4 blocks, or 2 stages, slower or even (benchmarks/markov_sweeps.md).
+# - <= 16 rows: the same with a block a program (two: 127.3-130.1 against 129.6-130.8 us); 16
+#   rows 130.8 us against 137.9 with BV 64 (the entry before), 139.5 with the verify launches.
 # - <= 32 rows: BK 64 with 3 stages, 192 us against 200 with BK 32 and 4; the fast noise 188.8
 #   against 190.9.
 # - above: BV 128 with 8 warps, two rounds of one run, 64 / 128 / 256 rows 248.9-251.3 /
 #   405.7-408.1 / 730.1-732.5 us against 269.0-278.7 / 451.5-454.0 / 764.1-773.7 with BV 64 and
 #   4 warps; every neighbour tried since is slower (gfx942: 70 VGPRs, 30 KiB LDS at 256 rows).
 GPU_CONFIGS = (
-    (16, dict(BV=128, BK=64, R_TILE=16, num_warps=4, num_stages=3, FAST=False)),
-    (32, dict(BV=64, BK=64, R_TILE=32, num_warps=4, num_stages=3, FAST=True)),
-    (1 << 30, dict(BV=128, BK=32, R_TILE=32, num_warps=8, num_stages=4, FAST=True)),
+    (8, dict(BV=128, BK=64, R_TILE=16, num_warps=4, num_stages=3, FAST=False, BLOCKS=2)),
+    (16, dict(BV=128, BK=64, R_TILE=16, num_warps=4, num_stages=3, FAST=False, BLOCKS=1)),
+    (32, dict(BV=64, BK=64, R_TILE=32, num_warps=4, num_stages=3, FAST=True, BLOCKS=1)),
+    (1 << 30, dict(BV=128, BK=32, R_TILE=32, num_warps=8, num_stages=4, FAST=True, BLOCKS=1)),
 )
 # Greedy drafts (vLLM 0.33's default ``draft_sample_method``: no noise, no cache) have a light
 # epilogue, so larger row tiles pay: fewer re-reads of markov_w2 from L2. H200, against the
@@ -79,9 +85,9 @@ GPU_CONFIGS = (
 #   48 KiB and 90 VGPRs there.
 GREEDY_GPU_CONFIGS = (
     (8, GPU_CONFIGS[0][1]),
-    (32, dict(BV=128, BK=64, R_TILE=32, num_warps=8, num_stages=3, FAST=False)),
-    (64, dict(BV=128, BK=64, R_TILE=64, num_warps=8, num_stages=2, FAST=False)),
-    (1 << 30, dict(BV=128, BK=32, R_TILE=128, num_warps=8, num_stages=4, FAST=False)),
+    (32, dict(BV=128, BK=64, R_TILE=32, num_warps=8, num_stages=3, FAST=False, BLOCKS=1)),
+    (64, dict(BV=128, BK=64, R_TILE=64, num_warps=8, num_stages=2, FAST=False, BLOCKS=1)),
+    (1 << 30, dict(BV=128, BK=32, R_TILE=128, num_warps=8, num_stages=4, FAST=False, BLOCKS=1)),
 )
 # Dies (XCDs) of a gfx942 MI300X / MI325X, which deal a launch's workgroups in turn: the step
 # kernel then orders its programs so that the row tiles sharing a block of markov_w2 run on one
@@ -245,6 +251,7 @@ def _config(
             NATIVE_BF16=False,
             FAST_LOG="log2" if table["FAST"] else "",
             XCDS=GFX942_XCDS,  # the die order gfx942 runs
+            BLOCKS=table["BLOCKS"],
         )
     cfg = dict(XCDS=GFX942_XCDS if torch.version.hip else 1) | table | (over or {})
     cfg["BK"] = min(cfg["BK"], rank & -rank)  # a power of 2 that divides the rank
@@ -304,7 +311,7 @@ def _launch(spec, num_reqs: int, base: torch.Tensor, w1: torch.Tensor, w2: torch
     buf = _scratch(spec, device, vocab)
     win = buf["win"]
     nb = triton.cdiv(vocab, cfg["BV"])
-    grid = (triton.cdiv(num_reqs, cfg["R_TILE"]), nb)
+    grid = (triton.cdiv(num_reqs, cfg["R_TILE"]), triton.cdiv(nb, cfg["BLOCKS"]))
     keys, toks = buf.get("keys", [win, win]), buf.get("toks", [win, win])
     bbest = buf["bbest"]
     scr_stride = bbest.stride(0)
