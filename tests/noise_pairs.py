@@ -11,15 +11,15 @@ import triton
 import triton.language as tl
 from vllm.v1.worker.gpu.sample.gumbel import murmur3_uniform32, spec_step_seed
 
-from dsv41_gfx942_plugin.ops import _markov_kernels as K
+from dsv41_gfx942_plugin.ops import _markov_math as M
 
 
 @triton.jit
 def _noises(exact_ptr, fast_ptr, seeds_ptr, req, pos, vocab, FAST_LOG: tl.constexpr):
     v = tl.program_id(0) * 1024 + tl.arange(0, 1024)
     u = murmur3_uniform32(spec_step_seed(tl.load(seeds_ptr + req), 0), pos, v)
-    tl.store(exact_ptr + v, K._noise32(u, ""), mask=v < vocab)
-    tl.store(fast_ptr + v, K._noise32(u, FAST_LOG), mask=v < vocab)
+    tl.store(exact_ptr + v, M._noise32(u, ""), mask=v < vocab)
+    tl.store(fast_ptr + v, M._noise32(u, FAST_LOG), mask=v < vocab)
 
 
 def swapped_pair(spec, vocab: int, bv: int, fast_log: str):
@@ -28,7 +28,7 @@ def swapped_pair(spec, vocab: int, bv: int, fast_log: str):
     first draft step, and vLLM's winner between them when their logits are equal; None when that
     row has no such pair. Noise keyed as the step kernel keys it (seed, salted position, token)."""
     req = int(spec.sample_idx_mapping[0])
-    pos = int(spec.sample_pos[0]) - 1 + K.DRAFT_NOISE_SALT.value
+    pos = int(spec.sample_pos[0]) - 1 + M.DRAFT_NOISE_SALT.value
     exact = torch.empty(vocab, device=spec.seeds.device)
     fast = torch.empty_like(exact)
     _noises[(triton.cdiv(vocab, 1024),)](exact, fast, spec.seeds, req, pos, vocab, fast_log)

@@ -31,6 +31,7 @@ import triton.language as tl  # noqa: E402
 
 import ref_markov as R  # noqa: E402
 from dsv41_gfx942_plugin.ops import _markov_kernels as K  # noqa: E402
+from dsv41_gfx942_plugin.ops import _markov_math as M  # noqa: E402
 from dsv41_gfx942_plugin.ops import fused_markov as F  # noqa: E402
 
 
@@ -179,13 +180,13 @@ def _winner_kernel(
 ):
     r = tl.arange(0, R)
     at = r[:, None] * BV + tl.arange(0, BV)[None, :]
-    best, col = K._first_max(tl.load(y_ptr + at), tl.load(valid_ptr + at) != 0, BV, NAN_MAX)
+    best, col = M._first_max(tl.load(y_ptr + at), tl.load(valid_ptr + at) != 0, BV, NAN_MAX)
     tl.store(best_ptr + r, best)
     tl.store(col_ptr + r, col)
 
 
 def _order_keys(y: torch.Tensor, valid: torch.Tensor, nan_max: bool) -> torch.Tensor:
-    """``_markov_kernels._order32`` in torch, masked entries at -2**31."""
+    """``_markov_math._order32`` in torch, masked entries at -2**31."""
     y = torch.where(y == 0, torch.zeros_like(y), y)
     b = y.view(torch.int32)
     o = torch.where(b >= 0, b, b ^ 0x7FFFFFFF)
@@ -232,7 +233,7 @@ def test_block_winner_is_the_first_largest_key(nan_max):
 @triton.jit
 def _xcd_kernel(out_ptr, total, XCDS: tl.constexpr, BLOCK: tl.constexpr):
     lin = tl.arange(0, BLOCK)
-    tl.store(out_ptr + lin, K._xcd_order(lin, total, XCDS), mask=lin < total)
+    tl.store(out_ptr + lin, M._xcd_order(lin, total, XCDS), mask=lin < total)
 
 
 @pytest.mark.parametrize("total", [1, 7, 8, 9, 63, 1010, 2020, 8 * 1010 + 5])

@@ -164,7 +164,7 @@ def test_fast_noise_error_bound():
     import triton
     import triton.language as tl
 
-    from dsv41_gfx942_plugin.ops import _markov_kernels as K
+    from dsv41_gfx942_plugin.ops import _markov_math as M
 
     @triton.jit
     def errors(
@@ -172,7 +172,7 @@ def test_fast_noise_error_bound():
     ):
         bits = LOW + tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         u = tl.minimum(bits, ONE).to(tl.int32).to(tl.float32, bitcast=True)
-        exact, fast = K._noise32(u, ""), K._noise32(u, FAST_LOG)
+        exact, fast = M._noise32(u, ""), M._noise32(u, FAST_LOG)
         finite = (tl.abs(exact) < float("inf")) & (tl.abs(fast) < float("inf"))
         err = tl.where(finite, tl.abs(fast - exact), float("inf"))
         tl.store(out_ptr + tl.program_id(0), tl.max(err, axis=0))
@@ -184,4 +184,4 @@ def test_fast_noise_error_bound():
     errors[(out.numel(),)](out, low, one, fast_log, block)
     worst = out.max().item()
     print(f"fast noise ({fast_log}): max |error| {worst:.3g} over every fp32 in [2**-33, 1]")
-    assert worst <= K.FAST_NOISE_ERR.value / 4
+    assert worst <= M.FAST_NOISE_ERR.value / 4

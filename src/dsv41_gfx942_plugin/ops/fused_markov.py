@@ -91,7 +91,7 @@ GREEDY_GPU_CONFIGS = (
 )
 # Dies (XCDs) of a gfx942 MI300X / MI325X, which deal a launch's workgroups in turn: the step
 # kernel then orders its programs so that the row tiles sharing a block of markov_w2 run on one
-# die and its L2 (_markov_kernels._xcd_order). Modelled, not measured: at 256 sampled rows (8
+# die and its L2 (_markov_math._xcd_order). Modelled, not measured: at 256 sampled rows (8
 # row tiles) each die's L2 would otherwise fetch all of markov_w2 every step, 8 x 66 MB from the
 # Infinity Cache, against about 66 MB. An MI300A (6 dies) stays correct, its dies then holding
 # uneven ranges. One die elsewhere (NVIDIA: one L2 for every SM, the order left as it is).
