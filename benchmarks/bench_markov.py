@@ -200,6 +200,7 @@ SWEEP = [
     dict(R_TILE=16),
     dict(R_TILE=64),
     dict(BK=64),
+    dict(num_stages=2),
     dict(num_stages=3),
     dict(XCDS=1),
     dict(BLOCKS=1),
