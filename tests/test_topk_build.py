@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 HIP = ROOT / "hip"
 
 
-def _readelf() -> str | None:
-    for name in ("llvm-readelf-19", "llvm-readelf", "/usr/lib/llvm-19/bin/llvm-readelf"):
+def _llvm_tool(tool: str) -> str | None:
+    for name in (f"{tool}-19", tool, f"/usr/lib/llvm-19/bin/{tool}"):
         if found := shutil.which(name):
             return found
     return None
@@ -51,7 +51,7 @@ def code_object(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def metadata(code_object) -> dict[str, dict]:
-    readelf = _readelf()
+    readelf = _llvm_tool("llvm-readelf")
     if readelf is None:
         pytest.skip("llvm-readelf is not installed")
     notes = subprocess.run(
@@ -115,6 +115,23 @@ def test_occupancy_is_the_declared_one(metadata):
     assert declared["dsv_topk512_chunks"] == 2
     for name, n in declared.items():
         assert _workgroups_a_cu(metadata[name]) == n, name
+
+
+def test_no_device_scope_fences(code_object):
+    """No workgroup waits on another's memory: on gfx942 a device-scope fence (__threadfence,
+    an acq_rel global atomic) writes back and invalidates the die's L2 (buffer_wbl2 /
+    buffer_inv sc1), about 16 us, and is fragile under graph replay."""
+    objdump = _llvm_tool("llvm-objdump")
+    if objdump is None:
+        pytest.skip("llvm-objdump is not installed")
+    asm = subprocess.run(
+        [objdump, "-d", "--mcpu=gfx942", str(code_object)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "s_barrier" in asm  # the disassembly is the kernels' code
+    assert not re.findall(r"\bbuffer_(?:wbl2|inv)\b", asm)
 
 
 @pytest.mark.parametrize("name", sorted(topk.KERNELS))
