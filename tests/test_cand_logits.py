@@ -530,7 +530,7 @@ def amdgcn_summary(asm: str) -> dict:
     fields += ("private_segment_fixed_size",)
     out = {f: int(re.search(rf"\.{f}:\s+(\d+)", asm).group(1)) for f in fields}
     ops = ("v_mfma_f32_16x16x32_fp8_fp8", "scratch_", *DENSE_REDUCTION_PER_STAGE_64)
-    ops += ("buffer_load_ubyte", "global_load_ubyte")
+    ops += ("buffer_load_ubyte", "global_load_ubyte", "buffer_wbl2", "buffer_inv")
     out.update({op: len(re.findall(rf"\b{op}", asm)) for op in ops})
     return out
 
@@ -608,6 +608,7 @@ def test_gfx942_kernel_compiles_to_mfma_fp8(builds, heads, page_size):
     assert meta["vgpr_spill_count"] == meta["sgpr_spill_count"] == 0
     assert meta["private_segment_fixed_size"] == 0 and meta["scratch_"] == 0
     assert meta["buffer_load_ubyte"] == meta["global_load_ubyte"] == 0  # 16-byte loads
+    assert meta["buffer_wbl2"] == meta["buffer_inv"] == 0  # no device-scope fence (L2 flushes)
     dense = dense_figures(builds, f"{heads}-{page_size}")
     assert meta["vgpr_count"] + meta["agpr_count"] <= dense["vgpr_count"]
 
