@@ -189,7 +189,9 @@ def main() -> None:
 
 # Launch configurations tried by --sweep, each over the module's configuration for the rows: the
 # neighbours that fused_markov.GPU_CONFIGS (and, with --greedy, GREEDY_GPU_CONFIGS) was chosen
-# among on the H200 (to re-time on a gfx942).
+# among on the H200 (to re-time on a gfx942), and, in both, the dies' program order and the
+# blocks a program walks.
+DESIGN_SWEEP = [dict(XCDS=1), dict(BLOCKS=1), dict(BLOCKS=2)]
 SWEEP = [
     dict(FAST=True),
     dict(FAST=False),
@@ -202,9 +204,7 @@ SWEEP = [
     dict(BK=64),
     dict(num_stages=2),
     dict(num_stages=3),
-    dict(XCDS=1),
-    dict(BLOCKS=1),
-    dict(BLOCKS=2),
+    *DESIGN_SWEEP,
 ]
 GREEDY_SWEEP = [
     dict(),
@@ -218,9 +218,7 @@ GREEDY_SWEEP = [
     dict(BV=256),
     dict(num_warps=4),
     dict(num_warps=16),
-    dict(XCDS=1),
-    dict(BLOCKS=1),
-    dict(BLOCKS=2),
+    *DESIGN_SWEEP,
 ]
 
 

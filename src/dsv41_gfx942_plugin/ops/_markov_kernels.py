@@ -1,7 +1,9 @@
 """Raw Triton kernels of the fused DSpark Markov sampling; ``fused_markov.py`` launches them.
 
-One launch a draft step, grid ``(cdiv(rows, R_TILE), cdiv(V, BV))``: program ``(t, p)`` owns rows
-``[t*R_TILE, (t+1)*R_TILE)`` (``R_EPI`` of them past the GEMM) and tokens ``[p*BV, (p+1)*BV)``.
+One launch a draft step, grid ``(cdiv(rows, R_TILE), cdiv(cdiv(V, BV), BLOCKS))``: program
+``(t, p)`` owns rows ``[t*R_TILE, (t+1)*R_TILE)`` (``R_EPI`` of them past the GEMM) and tokens
+``[p*BV, (p+1)*BV)``, and with ``BLOCKS`` > 1 (small batches) also the blocks ``p + programs``,
+``p + 2 * programs``, ... up to ``BLOCKS`` of them, in one pipelined loop.
 The row tile is the fastest-varying program id, so the programs reading one block of
 ``markov_w2`` run side by side and all but the first find it in L2 (on gfx942, whose dies each
 have their own L2, the programs are first reordered so that those run on one die:
@@ -109,13 +111,6 @@ def _prev_tokens(
     return prev
 
 
-# The runtime ints that change between launches of one configuration (the batch's rows, the
-# draft step) are not specialized: Triton would otherwise compile a variant for the value 1,
-# one for multiples of 16 and one for the rest, up to 9 a configuration and 3 in every first
-# call (steps 0, 1 and 2-4), each a compile at start-up. H200, the first calls (compiles) of 8
-# row counts, sampled and greedy: 60 step-kernel variants in 45.2 s -> 30 in 25.2 s with these
-# ints unspecialized, launch times within 1% (same run, same tokens); -> 15 in 10.6 s with the
-# step's requests and positions read from their base (below).
 @triton.jit
 def _bias_chunk(
     acc,
@@ -241,6 +236,13 @@ def _epilogue(
         tl.store(out_toks_ptr + r * scr_stride + pid, pid * BV + at, mask=rmask)
 
 
+# The runtime ints that change between launches of one configuration (the batch's rows, the
+# draft step) are not specialized: Triton would otherwise compile a variant for the value 1,
+# one for multiples of 16 and one for the rest, up to 9 a configuration and 3 in every first
+# call (steps 0, 1 and 2-4), each a compile at start-up. H200, the first calls (compiles) of 8
+# row counts, sampled and greedy: 60 step-kernel variants in 45.2 s -> 30 in 25.2 s with these
+# ints unspecialized, launch times within 1% (same run, same tokens); -> 15 in 10.6 s with the
+# step's requests and positions read from their base (below).
 @triton.jit(do_not_specialize=["rows", "step"])
 def _markov_step_kernel(
     input_ids_ptr,  # int32 [max_tokens]; step 0's previous token is input_ids[anchor_idx[r]]
@@ -396,7 +398,8 @@ def _markov_step_kernel(
             pid = tl.where(step % 2 == 1, nb - 1 - pid, pid)
             v = pid * BV + tl.arange(0, BV)
             vmask = v < vocab
-            k = (it - j * KSTEPS) * BK + tl.arange(0, BK)
+            kk = it - j * KSTEPS  # the rank chunk
+            k = kk * BK + tl.arange(0, BK)
             acc = _bias_chunk(
                 acc,
                 w1_ptr,
@@ -410,7 +413,7 @@ def _markov_step_kernel(
                 USE_DOT,
                 NATIVE_BF16,
             )
-            if it - j * KSTEPS == KSTEPS - 1:
+            if kk == KSTEPS - 1:
                 _epilogue(
                     acc,
                     pid,

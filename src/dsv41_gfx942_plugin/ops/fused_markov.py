@@ -13,8 +13,8 @@ vLLM's) and a small verify launch recomputes each row's few closest blocks with 
 noise, so the sampled tokens stay vLLM's. One small launch stores the last step's tokens. It
 serves greedy and probabilistic drafts, fp32 and fp64 noise, any batch up to the speculator's
 ``max_num_reqs``, and runs inside vLLM's CUDA graph of the draft step. On an H200 it beats vLLM's
-loop at every batch measured (``benchmarks/bench_markov.py``, graphed, 5 steps: 1.80x at 1 row,
-2.10x at 64, 2.10x at 256; greedy drafts 2.91x, 3.33x, 2.49x), so no batch size sends a step
+loop at every batch measured (``benchmarks/bench_markov.py``, graphed, 5 steps: 2.00x at 1 row,
+2.17x at 64, 2.15x at 256; greedy drafts 3.41x, 3.46x, 2.59x), so no batch size sends a step
 back to the loop.
 
 Tokens equal vLLM's wherever the step's logits are bit-equal; a bias may differ from vLLM's in
