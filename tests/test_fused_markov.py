@@ -520,12 +520,23 @@ def test_base_logits_the_kernel_cannot_take_run_vllms_loop_once(spy):
     assert torch.equal(ref["cache"], spec.draft_logits)
 
 
-def test_a_launch_that_does_not_compile_takes_vllms_loop(monkeypatch):
-    """Out of shared memory at the second step's first launch (as a 64-row tile was on the
-    H200): this step takes vLLM's loop from its base logits, the scratch is clean, and later
-    steps of that configuration take vLLM's loop without launching."""
+def _out_of_shared_memory():
     from triton.runtime.errors import OutOfResources
 
+    return OutOfResources(303104, 232448, "shared memory")
+
+
+@pytest.mark.parametrize(
+    "error",
+    [_out_of_shared_memory, lambda: RuntimeError("PassManager::run failed")],
+    ids=["out-of-resources", "backend-pass"],
+)
+def test_a_launch_that_does_not_compile_takes_vllms_loop(monkeypatch, error):
+    """A compile failure at the second step's first launch: out of shared memory (as a 64-row
+    tile was on the H200) or a RuntimeError from the compiler backend's passes (Triton 3.6 on
+    the H200, a layout it could not verify). This step takes vLLM's loop from its base logits,
+    the scratch is clean, and later steps of that configuration take vLLM's loop without
+    launching."""
     spec, hidden = _base_case(seed=69)
     real = K._markov_step_kernel
 
@@ -536,7 +547,7 @@ def test_a_launch_that_does_not_compile_takes_vllms_loop(monkeypatch):
             def launch(*args, **kwargs):
                 FailSecond.launches += 1
                 if FailSecond.launches == 2:
-                    raise OutOfResources(303104, 232448, "shared memory")
+                    raise error()
                 return real[grid](*args, **kwargs)
 
             return launch

@@ -32,8 +32,6 @@ import os
 
 import torch
 import triton
-from triton.compiler.errors import CompilationError
-from triton.runtime.errors import OutOfResources
 
 from .._log import logger
 from . import _markov_kernels as K
@@ -289,10 +287,13 @@ def sample_sequential(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
         return _loop_rest(spec, num_reqs, base, sample_hidden)
     try:
         _launch(spec, num_reqs, base.view(num_reqs, n_spec, vocab), w1, w2, cfg)
-    except (CompilationError, OutOfResources) as e:
-        # Raised at the first launch of a configuration, before it runs; earlier steps of this
-        # call may have run: clear their winners, and vLLM's loop rewrites every output.
-        logger.warning("dsv41_gfx942: fused Markov launch %s failed to compile (%s)", key, e)
+    except Exception as e:
+        # A launch that raises has not run: Triton compiles a configuration at its first launch
+        # and raises CompilationError, OutOfResources, or a RuntimeError from its backend's passes
+        # (Triton 3.6 on the H200, for a kernel its layout pass could not verify: "PassManager::run
+        # failed"). Earlier steps of this call may have run: clear their winners, and vLLM's loop
+        # rewrites every output.
+        logger.warning("dsv41_gfx942: fused Markov launch %s failed (%r)", key, e)
         _broken.add(key)
         _scratch(spec, base.device, vocab)["win"].fill_(K.KEY_MIN.value)
         return _loop_rest(spec, num_reqs, base, sample_hidden)
