@@ -13,8 +13,8 @@ vLLM's) and a small verify launch recomputes each row's few closest blocks with 
 noise, so the sampled tokens stay vLLM's. One small launch stores the last step's tokens. It
 serves greedy and probabilistic drafts, fp32 and fp64 noise, any batch up to the speculator's
 ``max_num_reqs``, and runs inside vLLM's CUDA graph of the draft step. On an H200 it beats vLLM's
-loop at every batch measured (``benchmarks/bench_markov.py``, graphed, 5 steps: 2.00x at 1 row,
-2.17x at 64, 2.15x at 256; greedy drafts 3.41x, 3.46x, 2.59x), so no batch size sends a step
+loop at every batch measured (``benchmarks/bench_markov.py``, graphed, 5 steps: 2.24x at 1 row,
+2.17x at 64, 2.16x at 256; greedy drafts 3.31x, 3.53x, 2.63x), so no batch size sends a step
 back to the loop.
 
 Tokens equal vLLM's wherever the step's logits are bit-equal; a bias may differ from vLLM's in
@@ -50,16 +50,17 @@ __all__ = ["sample_sequential"]
 #   winner atomics): sampled 1 / 8 rows 94.2-96.5 / 111.4-111.9 -> 89.8-92.0 / 102.1-103.2 us,
 #   greedy 88.7-89.2 / 90.6-91.3 -> 79.6-85.1 / 83.2-88.0, the same tokens and cached logits;
 #   3 or 4 blocks, or 2 stages, slower or even (benchmarks/markov_sweeps.md).
-# - <= 16 rows: the same with a block a program (two: 127.3-130.1 against 129.6-130.8 us); 16
-#   rows 130.8 us against 137.9 with BV 64 (the entry before), 139.5 with the verify launches.
+# - <= 16 rows: the same; with the row state and base logits read ahead (_markov_kernels), two
+#   blocks a program now pay at 16 rows too: three rounds of one run, 130.0-130.7 us with one
+#   against 114.6-118.3 (before: 16 rows 130.8 us against 137.9 with BV 64, 139.5 with the
+#   verify launches).
 # - <= 32 rows: BK 64 with 3 stages, 192 us against 200 with BK 32 and 4; the fast noise 188.8
 #   against 190.9.
 # - above: BV 128 with 8 warps, two rounds of one run, 64 / 128 / 256 rows 248.9-251.3 /
 #   405.7-408.1 / 730.1-732.5 us against 269.0-278.7 / 451.5-454.0 / 764.1-773.7 with BV 64 and
 #   4 warps; every neighbour tried since is slower (gfx942: 70 VGPRs, 30 KiB LDS at 256 rows).
 GPU_CONFIGS = (
-    (8, dict(BV=128, BK=64, R_TILE=16, num_warps=4, num_stages=3, FAST=False, BLOCKS=2)),
-    (16, dict(BV=128, BK=64, R_TILE=16, num_warps=4, num_stages=3, FAST=False, BLOCKS=1)),
+    (16, dict(BV=128, BK=64, R_TILE=16, num_warps=4, num_stages=3, FAST=False, BLOCKS=2)),
     (32, dict(BV=64, BK=64, R_TILE=32, num_warps=4, num_stages=3, FAST=True, BLOCKS=1)),
     (1 << 30, dict(BV=128, BK=32, R_TILE=32, num_warps=8, num_stages=4, FAST=True, BLOCKS=1)),
 )
@@ -68,8 +69,9 @@ GPU_CONFIGS = (
 # sampled table in the same run, then against each entry's neighbours (bench_markov.py --greedy
 # --sweep), the same tokens; every entry also fits gfx942 with room to spare (LDS <= 48 KiB,
 # tests/test_fused_markov_build.py):
-# - <= 8 rows: the sampled entry; 1 / 8 rows 93 / 96 us, BV 256 with 8 warps 95 / 96, 8 warps 97
-#   / 96, BK 32 with 4 stages 99 / 101, 4 stages 107 / 108.
+# - <= 16 rows: the sampled entry; 1 / 8 rows 93 / 96 us, BV 256 with 8 warps 95 / 96, 8 warps 97
+#   / 96, BK 32 with 4 stages 99 / 101, 4 stages 107 / 108. 16 rows, three rounds of one run
+#   against BV 128 with 8 warps (the entry before): 87.5-94.1 against 93.2-94.4 us.
 # - <= 32 rows: BV 128 with 8 warps; 16 / 32 rows 96.2-99.3 / 122.2 us against 107.3-107.6 /
 #   133.0-133.3. BV 256 took 109.5-110.3 at 32 rows, but 72 KiB of LDS on gfx942 (36 KiB with
 #   BK 32 or 2 stages: 122.8-131.9).
@@ -82,7 +84,7 @@ GPU_CONFIGS = (
 #   (135 VGPRs), leaving no margin for another Triton release's allocation; this entry takes
 #   48 KiB and 90 VGPRs there.
 GREEDY_GPU_CONFIGS = (
-    (8, GPU_CONFIGS[0][1]),
+    (16, GPU_CONFIGS[0][1]),
     (32, dict(BV=128, BK=64, R_TILE=32, num_warps=8, num_stages=3, FAST=False, BLOCKS=1)),
     (64, dict(BV=128, BK=64, R_TILE=64, num_warps=8, num_stages=2, FAST=False, BLOCKS=1)),
     (1 << 30, dict(BV=128, BK=32, R_TILE=128, num_warps=8, num_stages=4, FAST=False, BLOCKS=1)),
