@@ -85,15 +85,20 @@ def _request_state(rows, n_spec, vocab, max_num_reqs, greedy, temps, inert, gen,
     """The per-request attributes ``_sample_sequential`` reads: temperatures from ``temps``,
     seeds, anchors, distinct request slots for the rows (a fraction ``inert`` of them -1, as
     CUDA-graph padding), positions, the draft token buffer and logits cache (None: greedy)."""
+    temps = torch.tensor(
+        [temps[i] for i in torch.randint(0, len(temps), (max_num_reqs,), generator=gen)],
+        dtype=torch.float32,
+    )
+    seeds = torch.randint(-(2**62), 2**62, (max_num_reqs,), generator=gen)
     state = dict(
         draft_logits=None
         if greedy
         else torch.zeros(max_num_reqs, n_spec, vocab, dtype=torch.bfloat16, device=device),
-        temperature=torch.tensor(
-            [temps[i] for i in torch.randint(0, len(temps), (max_num_reqs,), generator=gen)],
-            dtype=torch.float32,
-        ).to(device),
-        seeds=torch.randint(-(2**62), 2**62, (max_num_reqs,), generator=gen).to(device),
+        # Views one element into their buffers, after a guard: a kernel that reads them for an
+        # inert row (request -1) gets temperature 0.7 and another seed, not whatever lies before
+        # a fresh tensor (often zero: no noise, as an inert row's).
+        temperature=torch.cat([torch.tensor([0.7]), temps]).to(device)[1:],
+        seeds=torch.cat([torch.tensor([0x5EED]), seeds]).to(device)[1:],
         draft_tokens=torch.zeros(max_num_reqs, n_spec, dtype=torch.int64, device=device),
         _step_cols=torch.arange(n_spec, dtype=torch.int32, device=device),
         _anchor_idx=torch.arange(max_num_reqs, dtype=torch.int64, device=device) * n_spec,
