@@ -3,7 +3,8 @@
 One launch a draft step, grid ``(cdiv(rows, R_TILE), cdiv(cdiv(V, BV), BLOCKS))``: program
 ``(t, p)`` owns rows ``[t*R_TILE, (t+1)*R_TILE)`` (``R_EPI`` of them past the GEMM) and tokens
 ``[p*BV, (p+1)*BV)``, and with ``BLOCKS`` > 1 (small batches) also the blocks ``p + programs``,
-``p + 2 * programs``, ... up to ``BLOCKS`` of them, in one pipelined loop.
+``p + 2 * programs``, ... up to ``BLOCKS`` of them, in one pipelined loop (reading its rows'
+request, temperature and noise key before it, and each block's base logits one block ahead).
 The row tile is the fastest-varying program id, so the programs reading one block of
 ``markov_w2`` run side by side and all but the first find it in L2 (on gfx942, whose dies each
 have their own L2, the programs are first reordered so that those run on one die:
