@@ -45,15 +45,10 @@ __all__ = ["sample_sequential"]
 # vocabulary blocks a program walks, in one pipelined loop; 1: a block a program). Chosen on an
 # H200 against their neighbours in the same run (fused graphed, 5 steps, V = 129280, rank 256;
 # every sweep and every design measured and not adopted: benchmarks/markov_sweeps.md):
-# - <= 8 rows: 1 row 103 us against BV 64 111 and BV 256 (8 warps) 114; 8 rows 120 against 122;
-#   the exact noise. Two blocks a program, three rounds of one run against one (after the relaxed
-#   winner atomics): sampled 1 / 8 rows 94.2-96.5 / 111.4-111.9 -> 89.8-92.0 / 102.1-103.2 us,
-#   greedy 88.7-89.2 / 90.6-91.3 -> 79.6-85.1 / 83.2-88.0, the same tokens and cached logits;
-#   3 or 4 blocks, or 2 stages, slower or even (benchmarks/markov_sweeps.md).
-# - <= 16 rows: the same; with the row state and base logits read ahead (_markov_kernels), two
-#   blocks a program now pay at 16 rows too: three rounds of one run, 130.0-130.7 us with one
-#   against 114.6-118.3 (before: 16 rows 130.8 us against 137.9 with BV 64, 139.5 with the
-#   verify launches).
+# - <= 16 rows: two blocks a program (one block's loads in flight during the epilogue of the one
+#   before), the exact noise. Same run, three rounds: 16 rows 114.6-118.3 us against 130.0-130.7
+#   with one block; 1 / 8 rows (before the reads ahead) 89.8-92.0 / 102.1-103.2 against
+#   94.2-96.5 / 111.4-111.9. BV 64 or 256, 8 warps, 3 or 4 blocks, 2 or 4 stages: slower or even.
 # - <= 32 rows: BK 64 with 3 stages, 192 us against 200 with BK 32 and 4; the fast noise 188.8
 #   against 190.9.
 # - above: BV 128 with 8 warps, two rounds of one run, 64 / 128 / 256 rows 248.9-251.3 /
@@ -69,9 +64,8 @@ GPU_CONFIGS = (
 # sampled table in the same run, then against each entry's neighbours (bench_markov.py --greedy
 # --sweep), the same tokens; every entry also fits gfx942 with room to spare (LDS <= 48 KiB,
 # tests/test_fused_markov_build.py):
-# - <= 16 rows: the sampled entry; 1 / 8 rows 93 / 96 us, BV 256 with 8 warps 95 / 96, 8 warps 97
-#   / 96, BK 32 with 4 stages 99 / 101, 4 stages 107 / 108. 16 rows, three rounds of one run
-#   against BV 128 with 8 warps (the entry before): 87.5-94.1 against 93.2-94.4 us.
+# - <= 16 rows: the sampled entry; 1 / 8 rows 93 / 96 us against 95-97 (BV 256 or 8 warps), 99-101
+#   (BK 32, 4 stages); 16 rows 87.5-94.1 us against 93.2-94.4 with BV 128 and 8 warps.
 # - <= 32 rows: BV 128 with 8 warps; 16 / 32 rows 96.2-99.3 / 122.2 us against 107.3-107.6 /
 #   133.0-133.3. BV 256 took 109.5-110.3 at 32 rows, but 72 KiB of LDS on gfx942 (36 KiB with
 #   BK 32 or 2 stages: 122.8-131.9).
