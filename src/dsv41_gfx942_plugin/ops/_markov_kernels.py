@@ -347,7 +347,7 @@ def _markov_step_kernel(
         lin = _xcd_order(tile + tiles * p, tiles * nb, XCDS)
         tile = lin % tiles
         p = lin // tiles
-    pid = tl.where(step % 2 == 1, nb - 1 - p, p)
+    pid = _block(p, 0, 0, nb, step)
     v = pid * BV + tl.arange(0, BV)
     vmask = v < vocab
     v64 = v.to(tl.int64)
@@ -556,9 +556,9 @@ def _markov_verify_kernel(
     noise (inert, zero temperature) and rows whose best is infinite or NaN (the noise cannot
     move those) keep their key."""
     r = tl.program_id(0)
-    req = tl.load(idx_ptr + r * map_stride + step)
+    req = _row_req(r, True, step, idx_ptr, map_stride)
     live = req >= 0
-    temp = tl.load(temp_ptr + req, mask=live, other=0.0).to(tl.float32)
+    temp = _row_temp(req, live, temp_ptr)
     key = tl.load(win_ptr + step * win_stride + r)
     o = (key >> 32).to(tl.int32)
     m = tl.where(o >= 0, o, o ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
@@ -567,9 +567,7 @@ def _markov_verify_kernel(
         j = tl.arange(0, NB_P2)
         bo = tl.load(bbest_ptr + r * scr_stride + j, mask=j < nb, other=-0x80000000)
         cand = bo >= _order32(m - 2.0 * delta, False)
-        seed, pos = _draft_noise_key(
-            tl.load(seeds_ptr + req), tl.load(pos_ptr + r * map_stride + step), step
-        )
+        seed, pos = _row_key(req, live, r, True, step, seeds_ptr, pos_ptr, map_stride)
         best = tl.full([1], KEY_MIN, tl.int64)
         blk = tl.min(tl.where(cand, j, nb))
         while blk < nb:
