@@ -185,27 +185,9 @@ def _epilogue(
     rmask,
     rows,
     step,
-    base_ptr,
-    base_stride,
+    io,
     base,
-    idx_ptr,
-    map_stride,
-    cache_ptr,
-    cache_s0,
-    cache_s1,
-    temp_ptr,
-    seeds_ptr,
-    pos_ptr,
-    req,
-    temp,
-    seed,
-    pos,
-    win_ptr,
-    win_stride,
-    bbest_ptr,
-    scr_stride,
-    out_keys_ptr,
-    out_toks_ptr,
+    state,
     BV: tl.constexpr,
     R_TILE: tl.constexpr,
     R_EPI: tl.constexpr,
@@ -216,8 +198,27 @@ def _epilogue(
 ):
     """Steps 3-5 for vocabulary block ``pid`` (tokens ``v``) of the rows ``r``, from its
     fp32 bias sums ``acc`` [BV, R_TILE]: the logits, the cache, the noise, the block's winner of
-    each row. The block's base logits (``base``) and the rows' request, temperature and noise key
-    (``req``, ``temp``, ``seed``, ``pos``) come read, or None: read here, after the GEMM."""
+    each row. ``io``: the step's tensors it reads and writes (``_markov_step_kernel``'s, in the
+    order unpacked below). The block's base logits (``base``) and the rows' state (``state``:
+    request, temperature and noise key) come read, or None: read here, after the GEMM."""
+    (
+        base_ptr,
+        base_stride,
+        idx_ptr,
+        map_stride,
+        cache_ptr,
+        cache_s0,
+        cache_s1,
+        temp_ptr,
+        seeds_ptr,
+        pos_ptr,
+        win_ptr,
+        win_stride,
+        bbest_ptr,
+        scr_stride,
+        out_keys_ptr,
+        out_toks_ptr,
+    ) = io
     PACKED: tl.constexpr = not USE_FP64
     acc = tl.trans(acc)
     if R_EPI < R_TILE:
@@ -235,15 +236,12 @@ def _epilogue(
     if GREEDY:
         y = logits
     else:
-        if req is None:
-            req = _row_req(r, rmask, step, idx_ptr, map_stride)
+        req = _row_req(r, rmask, step, idx_ptr, map_stride) if state is None else state[0]
         live = rmask & (req >= 0)
         # Pre-temperature, as gumbel_sample caches them for the rejection sampler.
         cache = cache_ptr + req[:, None] * cache_s0 + step * cache_s1 + v[None, :]
         _store_bf16(cache, logits, m2 & live[:, None], NATIVE_BF16)
-        if temp is None:
-            temp = _row_temp(req, live, temp_ptr)
-        temp = temp[:, None]
+        temp = (_row_temp(req, live, temp_ptr) if state is None else state[1])[:, None]
         hot = temp != 0.0
         y = logits
         # x / 1 == x exactly: the division (an IEEE one, several instructions) only where a
@@ -253,10 +251,10 @@ def _epilogue(
         if USE_FP64:
             y = y.to(tl.float64)
         if tl.max(tl.where(hot, 1, 0)) > 0:
-            if seed is None:
+            if state is None:
                 ks, kp = _row_key(req, live, r, rmask, step, seeds_ptr, pos_ptr, map_stride)
             else:
-                ks, kp = seed, pos
+                ks, kp = state[2], state[3]
             ks, kp = ks[:, None], kp[:, None]
             if USE_FP64:
                 u = murmur3_uniform64(ks, kp, v[None, :])
@@ -377,6 +375,25 @@ def _markov_step_kernel(
     )
     # Never read outside markov_w1 (vLLM's embedding would raise on such an anchor).
     prev = tl.minimum(tl.maximum(prev, 0), w1_rows - 1)
+    # What the epilogue reads and writes, one tuple for both call sites (_epilogue).
+    io = (
+        base_ptr,
+        base_stride,
+        idx_ptr,
+        map_stride,
+        cache_ptr,
+        cache_s0,
+        cache_s1,
+        temp_ptr,
+        seeds_ptr,
+        pos_ptr,
+        win_ptr,
+        win_stride,
+        bbest_ptr,
+        scr_stride,
+        out_keys_ptr,
+        out_toks_ptr,
+    )
 
     # The GEMM transposed, tokens as M and rows as N: [BV, R_TILE] (H200-measured, same run,
     # graphed, 5 steps, 1 / 8 / 32 / 64 / 128 / 256 rows: 101.5 / 119.4 / 185.5 / 275.8 / 466.4 /
@@ -407,27 +424,9 @@ def _markov_step_kernel(
             rmask,
             rows,
             step,
-            base_ptr,
-            base_stride,
-            None,
-            idx_ptr,
-            map_stride,
-            cache_ptr,
-            cache_s0,
-            cache_s1,
-            temp_ptr,
-            seeds_ptr,
-            pos_ptr,
+            io,
             None,
             None,
-            None,
-            None,
-            win_ptr,
-            win_stride,
-            bbest_ptr,
-            scr_stride,
-            out_keys_ptr,
-            out_toks_ptr,
             BV,
             R_TILE,
             R_EPI,
@@ -496,27 +495,9 @@ def _markov_step_kernel(
                     rmask,
                     rows,
                     step,
-                    base_ptr,
-                    base_stride,
+                    io,
                     cur,
-                    idx_ptr,
-                    map_stride,
-                    cache_ptr,
-                    cache_s0,
-                    cache_s1,
-                    temp_ptr,
-                    seeds_ptr,
-                    pos_ptr,
-                    req,
-                    temp,
-                    seed,
-                    pos,
-                    win_ptr,
-                    win_stride,
-                    bbest_ptr,
-                    scr_stride,
-                    out_keys_ptr,
-                    out_toks_ptr,
+                    (req, temp, seed, pos),
                     BV,
                     R_TILE,
                     R_EPI,
