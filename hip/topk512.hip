@@ -47,6 +47,9 @@ constexpr int CHUNK_THREADS = 512, CHUNK_GROUP = 16;
 // rows): one same-run A/B (H200), groups of 4 / 8 / 16: dense 6x128k 16.26 / 15.73 / 15.78 us,
 // masked 16.90 / 16.44 / 16.58, ragged 19.79 / 19.25 / 19.38, dense 32x128k 28.10 / 27.49 /
 // 27.84 (with exact 512-key chunks, groups of 8 had been slower, 18.32 -> 20.22 us at 6x128k).
+// A merge's time is its chain's fixed steps, not its slots: one reading only 256 of each
+// chunk's 1024 (512 x 4 keys; wrong answers, an upper bound for two-tier supersets) took
+// 6x128k 14.47 -> 14.01-14.11 us, 32x1M 98.6 -> 97.6-98.5 (H200, same run, three rounds).
 constexpr int MERGE_THREADS = 512, MERGE_ITEMS = 16, MERGE_GROUP = 8;
 constexpr int MERGE_UNITS = 8;  // units of candidate slots (ops/topk.py's CHUNK_SLOTS, 1024) a
                                 // merge workgroup holds (tests/test_topk_build.py checks)

@@ -411,7 +411,10 @@ __device__ __forceinline__ uint32_t top_k(Sel<BLOCK, Id>& s, Keys& keys, uint32_
     // above the floor from the maxima, 810 / 820 / 630 from the top two (H200, same-run A/B
     // with chunk supersets: ragged 32x128k 29.10 -> 28.28 us, other shapes within 1.2%). Top
     // two in every kernel of groups of 16 (a full random chunk: 730 -> 540 keys above the
-    // floor, modelled) was slower: dense 6x16k 9.34 -> 10.05 us, 32x1M 167.6 -> 177.2.
+    // floor, modelled) was slower: dense 6x16k 9.34 -> 10.05 us, 32x1M 167.6 -> 177.2. So
+    // was one floor pass for both paths (each group's top two kept in the maxima's loop, the
+    // second keys zero on dense chunks): masked 6x16k 9.80 -> 9.70 us, 32x1M 107.9 -> 106.5,
+    // but dense 32x1M 98.6 -> 101.1, selection 25.9 -> 27.6 (same run, three rounds).
     // Before, masked rows skipped the floor and listed every live key (2048 of a 16k chunk,
     // 2.6 radix passes; H200 then 13.64 -> 12.14 us at 6 x 16k against a floor pass that
     // returned -inf). Same-run A/B against skipping, masked 6 x 16k / 6 x 128k / 32 x 128k /

@@ -40,7 +40,10 @@ TOPK = 512
 # Pass 1 of the register path: a workgroup holds a chunk of 16384 logits, and the merges take up
 # to 64 chunks a row: rows of up to 1M logits. H200-measured (graph replay,
 # 6x16k / 6x128k / 32x128k / 6x256k rows), with 1024-thread workgroups: 16384-logit chunks
-# 13.8 / 26.5 / 41.0 / 28.6 us; 8192-logit chunks 22.6 / 24.8 / 56.2 / 38.0 us. (Threads a
+# 13.8 / 26.5 / 41.0 / 28.6 us; 8192-logit chunks 22.6 / 24.8 / 56.2 / 38.0 us. With chunk
+# supersets and 512-thread workgroups (same run, three rounds, 8192-logit chunks of 512 x 16 keys
+# in groups of 8, merges of 16 chunks): dense 6x16k / 6x128k / 32x1M 9.09 / 14.5 / 98.6 ->
+# 13.2 / 14.8 / 128.4 us, masked 32x1M 107.9 -> 195.0. (Threads a
 # workgroup: THREADS below, measured in hip/topk512.hip.) hip/topk512.hip's CHUNK, which the
 # chunk kernel takes whatever min_chunk says (tests/test_topk_build.py checks they agree).
 CHUNK = 16384
