@@ -11,6 +11,7 @@ plugin's time above it is its selecting. Baselines:
   ``top_k_per_row_decode`` is not available without vLLM's CUDA build; on gfx942 the issue's
   anchors give vLLM's figures); "ragged" rows end at seeded random lengths from half the width
   to all of it, as decode rows do (torch.topk over rows set to -inf past their ends beforehand);
+  "recency" rows have their newest 4096 logits raised by 3 (attention to recent tokens);
 - candidate top-k: torch's mask of the non-candidate columns to -inf (one scatter) plus topk;
 - candidate selection: torch's block max (amax), the newest-block pin, topk(2048) (vLLM's
   op sequence written in torch);
@@ -47,23 +48,34 @@ def masked(x: torch.Tensor) -> torch.Tensor:
     return x.masked_fill(~keep.repeat_interleave(8, 1)[:, : x.shape[1]], float("-inf"))
 
 
+def decode_case(name, x, seq, seen=None):
+    """(name, plugin, torch baseline, floor) for the decode top-512 of ``x`` with row ends
+    ``seq``; torch takes the top 512 of ``seen`` (the rows as vLLM's op sees them), else ``x``."""
+    seen = x if seen is None else seen
+    idx = torch.empty(x.shape[0], 512, dtype=torch.int32, device=DEV)
+
+    def plugin():
+        topk.decode_top_k(x, 1, seq, idx, 512)
+
+    def base():
+        torch.topk(seen, 512, dim=-1, sorted=False)
+
+    return name, plugin, base, floors.decode(x, seq)
+
+
+def full(rows: int, width: int) -> torch.Tensor:
+    return torch.full((rows, 1), width, dtype=torch.int32, device=DEV)
+
+
 def decode_cases():
     for rows, width in [(6, 16384), (6, 131072), (6, 1 << 20), (32, 131072), (32, 1 << 20)]:
         for kind in ("dense", "masked"):
             x = torch.randn(rows, width, device=DEV)
             if kind == "masked":
                 x = masked(x)
-            seq = torch.full((rows, 1), width, dtype=torch.int32, device=DEV)
-            idx = torch.empty(rows, 512, dtype=torch.int32, device=DEV)
-
-            def plugin(x=x, seq=seq, idx=idx):
-                topk.decode_top_k(x, 1, seq, idx, 512)
-
-            def base(x=x):
-                torch.topk(x, 512, dim=-1, sorted=False)
-
-            yield f"decode {kind} {rows}x{width}", plugin, base, floors.decode(x, seq)
+            yield decode_case(f"decode {kind} {rows}x{width}", x, full(rows, width))
     yield from ragged_cases()
+    yield from recency_cases()
 
 
 def ragged_cases():
@@ -72,22 +84,24 @@ def ragged_cases():
         x = torch.randn(rows, width, device=DEV)
         seq = torch.randint(width // 2, width + 1, (rows, 1), device=DEV, generator=gen)
         seq = seq.to(torch.int32)
-        idx = torch.empty(rows, 512, dtype=torch.int32, device=DEV)
         cut = x.masked_fill(torch.arange(width, device=DEV) >= seq, float("-inf"))
+        yield decode_case(f"decode ragged {rows}x{width}", x, seq, cut)
 
-        def plugin(x=x, seq=seq, idx=idx):
-            topk.decode_top_k(x, 1, seq, idx, 512)
 
-        def base(cut=cut):
-            torch.topk(cut, 512, dim=-1, sorted=False)
-
-        yield f"decode ragged {rows}x{width}", plugin, base, floors.decode(x, seq)
+def recency_cases():
+    """Rows whose newest 4096 logits are raised by 3, as attention to recent tokens raises them:
+    the last chunk holds most of the top 512 and more keys above its floor than its superset's
+    slots, so it cuts its superset with a radix pass."""
+    for rows, width in [(6, 131072), (32, 1 << 20)]:
+        x = torch.randn(rows, width, device=DEV)
+        x[:, -4096:] += 3.0
+        yield decode_case(f"decode recency {rows}x{width}", x, full(rows, width))
 
 
 def candidate_cases():
     rows, width, bs, k = 6, 131072, 8, 2048
     x = torch.randn(rows, width, device=DEV)
-    seq = torch.full((rows, 1), width, dtype=torch.int32, device=DEV)
+    seq = full(rows, width)
     cands = torch.stack([torch.randperm(width // bs, device=DEV)[:k] for _ in range(rows)]).int()
     idx = torch.empty(rows, 512, dtype=torch.int32, device=DEV)
     cols = (cands.long()[:, :, None] * bs + torch.arange(bs, device=DEV)).view(rows, -1)

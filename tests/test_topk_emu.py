@@ -84,6 +84,8 @@ def logits_of(rows, width, kind="randn", seed=0, stride=None):
         x.masked_fill_((u >= 0.0025) & (u < 0.003), -float("nan"))  # sign bit set
         x.masked_fill_((u >= 0.003) & (u < 0.01), -0.0)
         x.masked_fill_((u >= 0.02) & (u < 0.1), NEG)
+    elif kind == "cluster":  # the last 4096 columns of every 16384 high (see test_topk_gpu)
+        x[:, (torch.arange(width) // 4096) % 4 == 3] += 3.0
     return x
 
 
@@ -104,6 +106,7 @@ def out(rows, cols=512):
         (2, 16384, [16384, 16000], "all_ninf"),
         (1, 33000, [33000], "sparse_finite"),
         (1, 32768, [32768], "masked"),
+        (1, 40000, [40000], "cluster"),  # chunks cut their supersets at a radix pass's bin
         (4, 600, [0, 1, 512, 513], "randn"),  # short and empty rows
     ],
 )

@@ -56,6 +56,8 @@ def make_logits(rows, width, kind="randn", seed=0, stride=None):
         x.masked_fill_((u >= 0.02) & (u < 0.1), NEG)
     elif kind == "equal":  # one value everywhere
         x.fill_(1.5)
+    elif kind == "cluster":  # the last 4096 columns of every 16384 high: more than a chunk's
+        x[:, (torch.arange(width, device=DEV) // 4096) % 4 == 3] += 3.0  # 1024 superset slots
     return x
 
 
@@ -81,6 +83,8 @@ DECODE_CASES = [
     (4, 100000, None, "equal"),
     (2, 1 << 20, [1 << 20, (1 << 20) - 77], "randn"),
     (2, 1 << 20, [1 << 20, 999_983], "masked"),
+    (6, 131072, None, "cluster"),
+    (2, 1 << 20, [1 << 20, 999_983], "cluster"),
     (256, 3000, None, "randn"),
     (33, 40000, None, "specials"),
 ]
