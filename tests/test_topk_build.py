@@ -179,6 +179,15 @@ def test_merge_holds_its_units():
     assert topk.MAX_CHUNKS <= topk.MERGE_UNITS**2
 
 
+def test_selection_k_fits_the_list():
+    """Every top_k call's k fits the LDS list, through which a floor that is the k-th key (ties,
+    -inf rows) writes its k entries: the selection declines a larger top-K."""
+    (found,) = re.findall(r"\bLIST = (\d+)", (HIP / "topk_select.h").read_text())
+    listed = int(found)
+    assert listed >= topk.MAX_SELECT_K
+    assert listed >= topk.TOPK
+
+
 def arch_conditionals(text: str) -> list[str]:
     return [m.group(0).strip() for m in ARCH_MACRO.finditer(text)]
 

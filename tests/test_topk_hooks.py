@@ -176,6 +176,7 @@ def test_select_gating(calls):
     assert not topk.select_candidates(logits, 3, seq, 8, cands.long())
     assert not topk.select_candidates(logits, 3, seq, 8, cands[:5])
     assert not topk.select_candidates(logits, 3, seq, 0, cands)
+    assert not topk.select_candidates(logits, 3, seq, 8, torch.zeros(6, 4097, dtype=torch.int32))
     assert calls == []
     assert topk.select_candidates(logits, 3, seq, 8, cands)
     assert calls[0][0] == "dsv_select_blocks" and calls[0][3][4] == 3  # one length a request

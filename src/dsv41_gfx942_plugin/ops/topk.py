@@ -64,6 +64,9 @@ MAX_CANDIDATE_BLOCKS = 2048
 MAX_CANDIDATE_COLUMNS = CHUNK
 # Candidate selection keeps up to 32768 block scores of a row in registers (256k columns of 8).
 MAX_SELECT_BLOCKS = 32768
+# ... and takes at most this many of them (vLLM: 2048), through its LDS list of as many keys
+# (hip/topk_select.h's LIST).
+MAX_SELECT_K = 4096
 
 # Kernel name -> C parameters (P pointer, q int64, i int32); checked against the code object's
 # argument metadata in tests/test_topk_build.py.
@@ -386,7 +389,8 @@ def select_candidates(logits, next_n, seq_lens, block_size, candidates) -> bool:
     ``candidates.shape[1]`` best are kept, -1 for blocks scoring -inf and for the rest. Row
     ends as vLLM's candidate code takes them: ``seq_lens.reshape(-1)``, repeated ``next_n``
     times when it holds one length a request (every draft row uses the request's length).
-    False, having written nothing, for a call it cannot take."""
+    False, having written nothing, for a call it cannot take (more than ``MAX_SELECT_K``
+    candidates a row among them; vLLM keeps 2048)."""
     if not (isinstance(logits, torch.Tensor) and _is_logits(logits)):
         return False
     rows, width = logits.shape
@@ -404,7 +408,7 @@ def select_candidates(logits, next_n, seq_lens, block_size, candidates) -> bool:
         and candidates.dim() == 2
         and candidates.device == logits.device
         and candidates.shape[0] >= rows
-        and candidates.shape[1] >= 1
+        and 1 <= candidates.shape[1] <= MAX_SELECT_K
         and candidates.stride(1) == 1
         and -(-width // block_size) <= MAX_SELECT_BLOCKS
     ):
