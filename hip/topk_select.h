@@ -11,9 +11,11 @@
 //  2. the keys above the floor are copied, with their column ids, to an LDS list (when at most
 //     LIST of them, as in every random, masked or tied row measured). Where the caller takes a
 //     superset (a chunk of a row whose merge has room), the list is written out as it is when
-//     it holds at most `cap` keys; else a range radix select (8 bits a pass) finds the exact
-//     cut in it and the taken entries are written from the list. Only rows with more than LIST
-//     keys above the floor select and write from the registers.
+//     it holds at most `cap` keys, or cut at the k-th key's bin of one radix pass when that
+//     leaves fewer; else a range radix select (8 bits a pass) finds the exact cut in it and
+//     the taken entries are written from the list. When the floor is the k-th key (ties, -inf
+//     rows), the keys above it and the first equal ones are listed and written from there.
+//     Only rows with more than LIST keys above the floor select and write from the registers.
 // Positions come from prefix sums (no atomics). Histogram counts are aggregated per wave: the
 // lanes that share the wave's first one or two digits add with one LDS atomic, so rows of
 // equal values (-inf, masked logits) cost no more than others; when at least k keys equal the
@@ -357,8 +359,9 @@ __device__ __forceinline__ uint32_t emit(Sel<BLOCK, Id>& s, int& ph, Keys& keys,
 // (n between k and cap; the caller selects again), else the k largest. A floor F comes first,
 // from one histogram pass over the group maxima: at least k maxima, so at least k keys, are
 // >= F, and no key below F can be taken. If fewer than k keys lie above F, F is the k-th key
-// (ties, -inf rows: no more work). Else the keys above F go to the LDS list with pay(slot)
-// when at most LIST, and are selected and written from there.
+// (ties, -inf rows: no more selecting; the k are listed and written from the list). Else the
+// keys above F go to the LDS list with pay(slot) when at most LIST, and are selected and
+// written from there.
 // FLOOR_PASSES: the floor's histogram passes at most. A second pass runs only while the k-th
 // maximum's bin holds more than k / 8 maxima: a first pass's 256 bins span the maxima's whole
 // range, so one far maximum (layer 20's newest block, pinned to +inf) makes them too coarse.
