@@ -233,7 +233,7 @@ def test_candidates_few_live(emu):
     assert int((idx >= 0).sum()) == 320
 
 
-@pytest.mark.parametrize("kind,k", [("randn", 2048), ("masked", 512)])
+@pytest.mark.parametrize("kind,k", [("randn", 2048), ("masked", 512), ("ties", 2048)])
 def test_select(emu, kind, k):
     x = logits_of(1, 131072, kind, seed=9)
     seq = torch.tensor([130001], dtype=torch.int32)
