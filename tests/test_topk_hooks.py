@@ -160,6 +160,8 @@ def test_candidate_gating(calls):
     assert not topk.candidate_top_k(logits, next_n, seq, torch.zeros(6, 4096).int(), 1, idx, 512)
     assert not topk.candidate_top_k(logits, next_n, seq, cands[:, ::2], 8, idx, 512)
     assert not topk.candidate_top_k(logits, next_n, seq, cands[:, :0], 8, idx, 512)
+    assert not topk.candidate_top_k(logits, next_n, seq, cands.flatten(), 8, idx, 512)
+    assert not topk.candidate_top_k(logits, next_n, seq, None, 8, idx, 512)
     assert calls == []
     assert topk.candidate_top_k(logits, next_n, seq, cands, 8, idx, 512)
     assert [c[0] for c in calls] == ["dsv_topk512_candidates"]
@@ -177,6 +179,8 @@ def test_select_gating(calls):
     assert not topk.select_candidates(logits, 3, seq, 8, cands[:5])
     assert not topk.select_candidates(logits, 3, seq, 0, cands)
     assert not topk.select_candidates(logits, 3, seq, 8, torch.zeros(6, 4097, dtype=torch.int32))
+    assert not topk.select_candidates(logits, 3, seq, 8, cands.flatten())
+    assert not topk.select_candidates(logits, 3, seq, 8, None)
     assert calls == []
     assert topk.select_candidates(logits, 3, seq, 8, cands)
     assert calls[0][0] == "dsv_select_blocks" and calls[0][3][4] == 3  # one length a request

@@ -151,6 +151,19 @@ def _is_index_out(indices: torch.Tensor, rows: int, width: int, device) -> bool:
     )
 
 
+def _is_block_ids(candidates, rows: int, max_blocks: int, device) -> bool:
+    """int32 block ids [>= rows, 1..max_blocks] with unit column stride on ``device``."""
+    return (
+        isinstance(candidates, torch.Tensor)
+        and candidates.dtype == torch.int32
+        and candidates.dim() == 2
+        and candidates.device == device
+        and candidates.shape[0] >= rows
+        and 1 <= candidates.shape[1] <= max_blocks
+        and candidates.stride(1) == 1
+    )
+
+
 def _is_logits(logits: torch.Tensor) -> bool:
     return (
         logits.dtype == torch.float32
@@ -312,13 +325,7 @@ def candidate_top_k(logits, next_n, seq_lens, candidates, block_size, indices, t
     if not (
         isinstance(block_size, int)
         and block_size >= 1
-        and isinstance(candidates, torch.Tensor)
-        and candidates.dtype == torch.int32
-        and candidates.dim() == 2
-        and candidates.device == logits.device
-        and candidates.shape[0] >= rows
-        and 1 <= candidates.shape[1] <= MAX_CANDIDATE_BLOCKS
-        and candidates.stride(1) == 1
+        and _is_block_ids(candidates, rows, MAX_CANDIDATE_BLOCKS, logits.device)
         and candidates.shape[1] * block_size <= MAX_CANDIDATE_COLUMNS
     ):
         return False
@@ -403,13 +410,7 @@ def select_candidates(logits, next_n, seq_lens, block_size, candidates) -> bool:
         and seq_lens.dtype == torch.int32
         and seq_lens.is_contiguous()
         and seq_lens.device == logits.device
-        and isinstance(candidates, torch.Tensor)
-        and candidates.dtype == torch.int32
-        and candidates.dim() == 2
-        and candidates.device == logits.device
-        and candidates.shape[0] >= rows
-        and 1 <= candidates.shape[1] <= MAX_SELECT_K
-        and candidates.stride(1) == 1
+        and _is_block_ids(candidates, rows, MAX_SELECT_K, logits.device)
         and -(-width // block_size) <= MAX_SELECT_BLOCKS
     ):
         return False
