@@ -483,7 +483,9 @@ __device__ __forceinline__ uint32_t top_k(Sel<BLOCK, Id>& s, Keys& keys, uint32_
     // three rounds, against the registers: 6x128k rows of 95% zeros / all -inf / one value
     // 18.03-18.07 / 13.46-13.53 / 13.34-13.38 -> 16.87-16.88 / 12.14-12.17 / 11.96 us, 32x1M
     // rows of 95% zeros 128.9-129.0 -> 127.8-127.9, random 32x1M 98.2 -> 97.7-98.0; but 32x1M
-    // all -inf / one value 101.1-101.4 / 100.7-101.0 -> 104.2-104.3 / 104.0-104.1.
+    // all -inf / one value 101.1-101.4 / 100.7-101.0 -> 104.2-104.3 / 104.0-104.1. This fill
+    // loop serving the list path below too (need_eq 0 there) made every shape slower, most by a
+    // fifth (6x128k 14.5 -> 17.7 us, 32x1M 98.2 -> 126.5; benchmarks/topk_sweeps.md).
     const uint32_t need_eq = k - ngt;
     keys.each([&gt, &eq, &s, above, need_eq, ngt, pay](uint32_t key, int slot) {
       const bool take = key > above || (key == above && eq < need_eq);
