@@ -8,6 +8,10 @@ probabilistic drafts (fp32 Gumbel noise, temperature 1, every row live), it time
   vLLM's own Triton ``gumbel_sample``, token store: ``tests/ref_markov.transcribed_loop``), eager
   and graphed; where vLLM cannot be imported, the same op sequence with torch's Gumbel noise;
 
+- in-tree: vLLM 0.33.0's own gfx942 fused sampling (``--monokernel``; ``_markov_in_tree.py``),
+  graphed, where it takes the step (sampled drafts of at most 8 rows), with whether its tokens
+  equal the plugin's;
+
 and prints each beside the memory floor: every step reads ``markov_w2`` once (66 MB) and each
 row's base logits, and writes each row's cached logits (2 x 0.26 MB a row), at 4.8 TB/s (H200);
 and beside two measured floors (``_markov_floors.py``, graphed): ``stream``, the same bytes moved
@@ -47,6 +51,7 @@ if importlib.util.find_spec("vllm._C") is None:
     _platforms._current_platform = UnspecifiedPlatform()
 
 import _markov_floors as floors  # noqa: E402
+import _markov_in_tree as in_tree  # noqa: E402
 from dsv41_gfx942_plugin.ops import fused_markov as F  # noqa: E402
 
 HBM_BYTES_PER_S = 4.8e12  # H200 peak
@@ -86,6 +91,11 @@ def _state(args, rows: int):
 
 def _us(t, width: int) -> str:
     return f"{t:>{width}.1f}" if t is not None else f"{'-':>{width}}"
+
+
+def _ratio(t, r: dict, width: int) -> str:
+    """``t`` over the fused graphed time (how much faster the plugin is), or a dash."""
+    return f"{t / r['fused_graph_us']:>{width}.2f}x" if t is not None else f"{'-':>{width + 1}}"
 
 
 def torch_loop(spec, rows, base3, w1, w2):
@@ -143,6 +153,7 @@ def main() -> None:
     print(f"baseline: {name}; {kind} drafts, times in us for {args.steps} steps, V={args.vocab}")
     print(
         head + f" {'floor':>7} {'stream':>7} {'noise':>7} {'graph/floor':>11} {'vs vLLM graph':>13}"
+        f" {'in-tree':>8} {'vs in-tree':>10}"
     )
     for rows in (int(r) for r in args.rows.split(",")):
         spec, w1, w2, base3 = _state(args, rows)
@@ -159,6 +170,13 @@ def main() -> None:
             stream, noise = floors.stream(spec, rows, base3, w2), floors.noise(spec, rows, base3)
             r["stream_graph_us"] = mean_us(graphed(stream), args.iters)
             r["noise_graph_us"] = mean_us(graphed(noise), args.iters)
+        r["in_tree_graph_us"] = r["in_tree_same_tokens"] = None
+        run_in_tree = in_tree.runner(spec, rows, base3, w1, w2)
+        if run_in_tree is not None:
+            fused()
+            ours = spec.draft_tokens[:rows].clone()
+            r["in_tree_graph_us"] = mean_us(graphed(run_in_tree), args.iters)
+            r["in_tree_same_tokens"] = bool(torch.equal(spec.draft_tokens[:rows], ours))
         r["fused_graph_over_floor"] = r["fused_graph_us"] / r["floor_us"]
         r["speedup_vs_vllm_graph"] = r["vllm_graph_us"] / r["fused_graph_us"]
         r["config"] = F._config(rows, args.vocab, args.rank, False, greedy=args.greedy)
@@ -167,7 +185,9 @@ def main() -> None:
             f"{rows:>5} {r['fused_eager_us']:>12.1f} {r['fused_graph_us']:>12.1f}"
             f" {r['vllm_eager_us']:>11.1f} {r['vllm_graph_us']:>11.1f} {r['floor_us']:>7.1f}"
             f" {_us(r['stream_graph_us'], 7)} {_us(r['noise_graph_us'], 7)}"
-            f" {r['fused_graph_over_floor']:>10.2f}x {r['speedup_vs_vllm_graph']:>12.2f}x",
+            f" {r['fused_graph_over_floor']:>10.2f}x {r['speedup_vs_vllm_graph']:>12.2f}x"
+            f" {_us(r['in_tree_graph_us'], 8)} {_ratio(r['in_tree_graph_us'], r, 9)}"
+            f"{'' if r['in_tree_same_tokens'] in (None, True) else ' (other tokens)'}",
             flush=True,
         )
     out = dict(
