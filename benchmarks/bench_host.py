@@ -60,7 +60,15 @@ def _setup(requests: int, next_n: int, width: int):
     kernels = {name: (lambda *args: None) for name in topk.KERNELS}
     topk._GPU_TYPE = "cpu"
     topk._kernels = lambda t: kernels
-    topk._scratch = types.SimpleNamespace(get=lambda device, n: torch.empty(n, dtype=torch.int32))
+    # Persistent, as _launcher.Scratch is: allocated once, then handed out (not a tensor a call).
+    scratch = [torch.empty(0, dtype=torch.int32)]
+
+    def get(device, numel):
+        if scratch[0].numel() < numel:
+            scratch[0] = torch.empty(numel, dtype=torch.int32)
+        return scratch[0]
+
+    topk._scratch = types.SimpleNamespace(get=get)
     topk.build = lambda: True
     _launcher.stream_handle = lambda device: 0
     indexer._aiter_enabled = lambda: True
