@@ -1,18 +1,18 @@
 """The fused Markov step kernel compiled for gfx942 on the CPU (no GPU needed): every launch
 configuration the GPU path uses (``fused_markov.GPU_CONFIGS`` sampled and with fp64 noise,
-``GREEDY_GPU_CONFIGS`` greedy),
-must compile to AMDGCN with no VGPR spills, no scratch and LDS within 64 KiB; so must the verify
-launch of the configurations that take the fast noise (``FAST``).
+``GREEDY_GPU_CONFIGS`` greedy), each at every row tile and tile fold that a batch of up to 256
+rows gives it (``BATCHES``), must compile to AMDGCN with no VGPR spills, no scratch and LDS within
+64 KiB; so must the verify launch of the configurations that take the fast noise (``FAST``).
 
 Each is compiled as Triton's JIT specializes a launch (``SPECS``): with its pointers 16-byte
 aligned and within 2 GiB (DSv4.1's 129280-token rows; AMD buffer loads, ``buffer_load_dwordx4``),
 the same without buffer loads (``AMDGCN_USE_BUFFER_OPS=0``), and with no alignment known (a
 vocabulary that is not a multiple of 8: every bf16 load scalar, ``global_load_ushort``). Triton
 3.8 here, 129280 tokens, rank 256, over the configurations and modes: aligned with buffer loads,
-VGPRs 62-191 (191: fp64 noise at 16 rows, two blocks a program), LDS 24-48 KiB, and at 256 rows
+VGPRs 62-191 (191: fp64 noise at 16 rows, two blocks a program), LDS 20-48 KiB, and at 256 rows
 1483 static instructions sampled with the fast noise (BV 128, 8 waves; 1429 before the dies'
 program order, ``fused_markov.GFX942_XCDS``), 1402 greedy (128-row tiles); unaligned, VGPRs
-100-140, LDS 8-32 KiB; the verify kernel 31-32 VGPRs, 445-474 instructions. SGPRs that do
+91-140, LDS 8-32 KiB; the verify kernel 31-32 VGPRs, 445-474 instructions. SGPRs that do
 not fit go to VGPR lanes, never to memory (the scratch check). The H200 runs the same kernels
 (tests/test_fused_markov_gpu.py); no gfx942 has run them yet.
 """
@@ -53,12 +53,26 @@ SPECS = {
     "no-buffer-ops": [["tt.divisibility", 16]],
     "unaligned": None,
 }
-# One build a (configuration, mode, specialization): a configuration by the batch it serves
-# (256 for the last).
-TABLES = {"sampled": F.GPU_CONFIGS, "greedy": F.GREEDY_GPU_CONFIGS, "fp64": F.GPU_CONFIGS}
-BUILDS = [
-    f"{min(top, 256)}-{mode}-{spec}" for mode in MODES for top, _ in TABLES[mode] for spec in SPECS
-] + [f"{min(top, 256)}-verify" for top, c in F.GPU_CONFIGS if c["FAST"]]
+
+
+def _batches(greedy: bool) -> list[int]:
+    """The batch sizes (powers of two up to 256) whose launch configurations differ, the largest
+    of each: a table entry's row tile clamps to the batch, and below 16 rows the padded tile's
+    fold (``R_EPI``) is the batch's, so every configuration a step of up to 256 rows compiles."""
+    seen, batches = [], []
+    for rows in (256, 128, 64, 32, 16, 8, 4, 2, 1):
+        cfg = F._config(rows, 129280, 256, False, greedy=greedy)
+        if cfg not in seen:
+            seen.append(cfg)
+            batches.append(rows)
+    return batches
+
+
+# One build a (configuration, mode, specialization), named by the batch it serves.
+BATCHES = {mode: _batches(greedy) for mode, (greedy, _) in MODES.items()}
+FAST = [rows for rows in BATCHES["sampled"] if F._config(rows, 129280, 256, False)["FAST_LOG"]]
+BUILDS = [f"{rows}-{mode}-{spec}" for mode in MODES for rows in BATCHES[mode] for spec in SPECS]
+BUILDS += [f"{rows}-verify" for rows in FAST]
 
 
 def _attrs(fn, pointer) -> dict:
@@ -102,8 +116,7 @@ def _compile_all() -> dict:
 
     out = {}
     for mode, (greedy, fp64) in MODES.items():
-        for top, _ in TABLES[mode]:
-            rows = min(top, 256)
+        for rows in BATCHES[mode]:
             cfg = F._config(rows, 129280, 256, False, greedy=greedy)
             options = {k: cfg.pop(k) for k in ("num_warps", "num_stages")}
             fast_log = "log2" if cfg["FAST_LOG"] else ""  # _config here names this CPU's backend
@@ -111,7 +124,8 @@ def _compile_all() -> dict:
             consts = dict(cfg, RANK=256, GREEDY=greedy, USE_FP64=fp64, NB_CHUNK=F.NB_CHUNK)
             consts["FAST_LOG"] = fast_log if mode == "sampled" else ""
             for spec in SPECS:
-                out[f"{rows}-{mode}-{spec}"] = build(K._markov_step_kernel, consts, spec, options)
+                b = build(K._markov_step_kernel, consts, spec, options)
+                out[f"{rows}-{mode}-{spec}"] = dict(b, tile=cfg["R_EPI"] * cfg["BV"])
             if fast_log and mode == "sampled":
                 nb_p2 = triton.next_power_of_2(
                     triton.cdiv(129280, cfg["BV"])
@@ -157,6 +171,10 @@ def test_gfx942_resources(builds, build):
     # 365.0-365.7 -> 87.8-89.5 / 351.7-354.0 us).
     assert b["l2_fences"] == 0, b
     if build.endswith(("-jit", "-no-buffer-ops")):
-        # Aligned rows stream markov_w2 and the logits 16 bytes a load, never 2.
+        # Aligned rows stream markov_w2 and the logits 16 bytes a load, never 2; but a batch of
+        # 1-2 rows has a logits tile (R_EPI x BV) of less than one dword a lane, read 2 bytes a
+        # lane (0.26 MB a row a step, beside markov_w2's 66 MB in 16-byte loads).
         wide = "buffer_load_dwordx4" if build.endswith("-jit") else "global_load_dwordx4"
-        assert wide in b["loads"] and not any("ushort" in x for x in b["loads"]), b
+        assert wide in b["loads"], b
+        if b["tile"] >= 2 * 64 * b["waves"]:
+            assert not any("ushort" in x for x in b["loads"]), b

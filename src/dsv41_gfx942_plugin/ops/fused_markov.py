@@ -66,11 +66,16 @@ GPU_CONFIGS = (
 # tests/test_fused_markov_build.py):
 # - <= 16 rows: the sampled entry; 1 / 8 rows 93 / 96 us against 95-97 (BV 256 or 8 warps), 99-101
 #   (BK 32, 4 stages); 16 rows 87.5-94.1 us against 93.2-94.4 with BV 128 and 8 warps.
-# - <= 32 rows: BV 128 with 8 warps; 16 / 32 rows 96.2-99.3 / 122.2 us against 107.3-107.6 /
-#   133.0-133.3. BV 256 took 109.5-110.3 at 32 rows, but 72 KiB of LDS on gfx942 (36 KiB with
-#   BK 32 or 2 stages: 122.8-131.9).
-# - <= 64 rows: 64-row tiles, 2 stages, 131.1-133.1 us against 172.7-173.0 (3 stages 137, 4 warps
-#   136-144, BV 256 135-160, BK 32 146-150, 16 warps 171).
+# - <= 64 rows: BV 128 with 8 warps, BK 64, 2 stages, row tiles of up to 64 (a batch of 17-32
+#   rows is one tile of 32). At 32 rows BV 128 with 8 warps took 122.2 us against 133.0-133.3
+#   with the sampled table's entry (BV 256 109.5-110.3, but 72 KiB of LDS on gfx942); 64-row
+#   tiles with 2 stages 131.1-133.1 at 64 rows against 172.7-173.0 (3 stages 137, 4 warps
+#   136-144, BV 256 135-160, BK 32 146-150, 16 warps 171). 17-32 rows had kept 3 stages
+#   until one run, three rounds, two calls each (after the relaxed atomics, the same tokens), 17
+#   / 20 / 24 / 28 / 32 rows: 106.6-109.8 / 108.1-109.4 / 109.9-111.0 / 110.4-111.6 / 114.8-116.8
+#   -> 101.1-103.3 / 102.8-103.4 / 103.7-104.2 / 105.3-105.8 / 110.5-111.3 us with 2 (gfx942: 20
+#   KiB of LDS, not 40; 122 VGPRs both); two blocks a program with 2 stages were slower
+#   (114.2-119.2).
 # - above: 128-row tiles with BK 32, 4 stages: 128 / 256 rows 216.6 / 366.3-366.9 us against
 #   293.0-293.8 / 528.2-528.9 (64-row tiles 215-220 / 387-389, BK 32 with 3 stages 222 / 385,
 #   16 warps 212-217 / 382-384, BV 256 222 / 408, 256-row tiles 388-542). BK 64 with 3 stages
@@ -79,7 +84,6 @@ GPU_CONFIGS = (
 #   48 KiB and 90 VGPRs there.
 GREEDY_GPU_CONFIGS = (
     (16, GPU_CONFIGS[0][1]),
-    (32, dict(BV=128, BK=64, R_TILE=32, num_warps=8, num_stages=3, FAST=False, BLOCKS=1)),
     (64, dict(BV=128, BK=64, R_TILE=64, num_warps=8, num_stages=2, FAST=False, BLOCKS=1)),
     (1 << 30, dict(BV=128, BK=32, R_TILE=128, num_warps=8, num_stages=4, FAST=False, BLOCKS=1)),
 )
