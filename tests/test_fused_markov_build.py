@@ -12,7 +12,7 @@ vocabulary that is not a multiple of 8: every bf16 load scalar, ``global_load_us
 VGPRs 62-191 (191: fp64 noise at 16 rows, two blocks a program), LDS 20-48 KiB, and at 256 rows
 1483 static instructions sampled with the fast noise (BV 128, 8 waves; 1429 before the dies'
 program order, ``fused_markov.GFX942_XCDS``), 1402 greedy (128-row tiles); unaligned, VGPRs
-91-140, LDS 8-32 KiB; the verify kernel 31-32 VGPRs, 445-474 instructions. SGPRs that do
+91-140, LDS 8-32 KiB; the verify kernel 31 VGPRs, 445 instructions. SGPRs that do
 not fit go to VGPR lanes, never to memory (the scratch check). The H200 runs the same kernels
 (tests/test_fused_markov_gpu.py); no gfx942 has run them yet.
 """

@@ -49,14 +49,15 @@ __all__ = ["sample_sequential"]
 #   before), the exact noise. Same run, three rounds: 16 rows 114.6-118.3 us against 130.0-130.7
 #   with one block; 1 / 8 rows (before the reads ahead) 89.8-92.0 / 102.1-103.2 against
 #   94.2-96.5 / 111.4-111.9. BV 64 or 256, 8 warps, 3 or 4 blocks, 2 or 4 stages: slower or even.
-# - <= 32 rows: BK 64 with 3 stages, 192 us against 200 with BK 32 and 4; the fast noise 188.8
-#   against 190.9.
-# - above: BV 128 with 8 warps, two rounds of one run, 64 / 128 / 256 rows 248.9-251.3 /
-#   405.7-408.1 / 730.1-732.5 us against 269.0-278.7 / 451.5-454.0 / 764.1-773.7 with BV 64 and
-#   4 warps; every neighbour tried since is slower (gfx942: 70 VGPRs, 30 KiB LDS at 256 rows).
+# - above: 32-row tiles of BV 128 with 8 warps, BK 32, 4 stages, the fast noise. Two rounds of
+#   one run, 64 / 128 / 256 rows 248.9-251.3 / 405.7-408.1 / 730.1-732.5 us against 269.0-278.7 /
+#   451.5-454.0 / 764.1-773.7 with BV 64 and 4 warps; every neighbour tried since is slower
+#   (gfx942: 70 VGPRs, 30 KiB LDS). 17-32 rows had their own entry (BV 64, 4 warps, BK 64, 3
+#   stages) until one run, three rounds, two calls each, the same tokens and cached logits: 17 /
+#   20 / 24 / 32 rows 149.6-153.6 / 153.4-154.5 / 157.4-158.3 / 164.5-165.1 -> 147.0-151.6 /
+#   151.2-152.2 / 154.0-155.2 / 160.5-161.3 us with this one.
 GPU_CONFIGS = (
     (16, dict(BV=128, BK=64, R_TILE=16, num_warps=4, num_stages=3, FAST=False, BLOCKS=2)),
-    (32, dict(BV=64, BK=64, R_TILE=32, num_warps=4, num_stages=3, FAST=True, BLOCKS=1)),
     (1 << 30, dict(BV=128, BK=32, R_TILE=32, num_warps=8, num_stages=4, FAST=True, BLOCKS=1)),
 )
 # Greedy drafts (vLLM 0.33's default ``draft_sample_method``: no noise, no cache) have a light
