@@ -55,18 +55,19 @@ def _load():
         return None
 
 
-_module = None
+_loaded: list = []  # the module (or None) once the first call has tried to load it
 
 
 def runner(spec, rows: int, base3: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor):
     """A callable running the in-tree fused sampling of ``rows`` requests on ``bench_markov``'s
     speculator state (the same outputs, ``draft_tokens`` and ``draft_logits``), or None where it
     does not take the step (greedy drafts, more than 8 rows, not loadable)."""
-    global _module
     if spec.draft_logits is None or not 1 <= rows <= MAX_ROWS:
         return None
-    _module = _module or _load()
-    if _module is None:
+    if not _loaded:
+        _loaded.append(_load())
+    module = _loaded[0]
+    if module is None:
         return None
     n_spec, vocab = base3.shape[1], base3.shape[2]
     head = types.SimpleNamespace(
@@ -88,10 +89,10 @@ def runner(spec, rows: int, base3: torch.Tensor, w1: torch.Tensor, w2: torch.Ten
     # No hidden features: the gather of the sampled rows' hidden states launches nothing, so
     # what is timed is the in-tree launches alone, as the plugin's side times its own.
     hidden = torch.empty(rows * n_spec, 0, device=base3.device)
-    if _module._why_not(state, rows) is not None:
+    if module._why_not(state, rows) is not None:
         return None
 
     def run():
-        assert _module.sample_sequential(state, rows, hidden)
+        assert module.sample_sequential(state, rows, hidden)
 
     return run
