@@ -39,7 +39,7 @@ takes every token's noise from the hardware's log2 instruction (``_noise32``), w
 ``_markov_verify_kernel`` then recomputes, with vLLM's exact noise, each row's blocks whose best
 comes within the error bound of the row's best, and writes the exact winner's key. A Gumbel
 race's runner-up trails the winner by about one unit (an exponential gap), so that is one block a
-row but for about one row in five hundred: vLLM's exact noise is paid for one block (64 or 128
+row but for about one row in five hundred: vLLM's exact noise is paid for one block (128
 tokens) a row instead of all of them.
 
 The last step's tokens come from ``_markov_last_kernel``, which also resets ``win`` (``-2**63``) for
