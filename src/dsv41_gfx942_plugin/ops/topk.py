@@ -140,28 +140,25 @@ def _is_int32_lens(seq_lens: torch.Tensor, rows: int, next_n: int, device) -> bo
     return seq_lens.dim() == 1 and seq_lens.numel() * next_n >= rows
 
 
-def _is_index_out(indices: torch.Tensor, rows: int, width: int, device) -> bool:
+def _is_int32_rows(t, rows: int, device) -> bool:
+    """A 2-D int32 tensor of at least ``rows`` rows with unit column stride on ``device``."""
     return (
-        indices.dtype == torch.int32
-        and indices.dim() == 2
-        and indices.device == device
-        and indices.shape[0] >= rows
-        and indices.shape[1] >= width
-        and indices.stride(1) == 1
+        isinstance(t, torch.Tensor)
+        and t.dtype == torch.int32
+        and t.dim() == 2
+        and t.device == device
+        and t.shape[0] >= rows
+        and t.stride(1) == 1
     )
+
+
+def _is_index_out(indices, rows: int, width: int, device) -> bool:
+    return _is_int32_rows(indices, rows, device) and indices.shape[1] >= width
 
 
 def _is_block_ids(candidates, rows: int, max_blocks: int, device) -> bool:
     """int32 block ids [>= rows, 1..max_blocks] with unit column stride on ``device``."""
-    return (
-        isinstance(candidates, torch.Tensor)
-        and candidates.dtype == torch.int32
-        and candidates.dim() == 2
-        and candidates.device == device
-        and candidates.shape[0] >= rows
-        and 1 <= candidates.shape[1] <= max_blocks
-        and candidates.stride(1) == 1
-    )
+    return _is_int32_rows(candidates, rows, device) and 1 <= candidates.shape[1] <= max_blocks
 
 
 def _is_logits(logits: torch.Tensor) -> bool:
