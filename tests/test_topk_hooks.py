@@ -99,6 +99,8 @@ def test_decode_unaligned_rows_take_general_path(calls, cut):
         "logits_3d",
         "lens_noncontig",
         "no_scratch",
+        "lens_none",
+        "idx_none",
     ],
 )
 def test_decode_refuses(calls, change, monkeypatch):
@@ -132,11 +134,15 @@ def test_decode_refuses(calls, change, monkeypatch):
         logits = logits.view(6, 1, -1)
     elif change == "lens_noncontig":
         seq = torch.full((6, 2), 9, dtype=torch.int32)[:, :1]
+    elif change == "lens_none":
+        seq = None
+    elif change == "idx_none":
+        idx = None
     elif change == "no_scratch":  # during graph capture the scratch cannot grow
         monkeypatch.setattr(topk._scratch, "get", lambda device, numel: None)
     assert topk.decode_top_k(logits, next_n, seq, idx, topk_tokens) is False
     assert calls == []
-    assert bool((idx == 7).all())
+    assert idx is None or bool((idx == 7).all())
 
 
 def test_public_decode_raises_naming_shapes(calls):
@@ -145,6 +151,10 @@ def test_public_decode_raises_naming_shapes(calls):
         topk.top_k_per_row_decode_512(logits, next_n, seq, idx[:, :511])
     with pytest.raises(TypeError):
         topk.top_k_per_row_decode_512("logits", next_n, seq, idx)
+    with pytest.raises(TypeError, match="seq_lens NoneType"):
+        topk.top_k_per_row_decode_512(logits, next_n, None, idx)
+    with pytest.raises(TypeError, match="indices list"):
+        topk.top_k_per_row_decode_512(logits, next_n, seq, [0] * 512)
     with pytest.raises(ValueError, match="max_blocks"):
         topk.top_k_per_row_decode_512(logits, next_n, seq, idx, 65, register_select=False)
     assert calls == []

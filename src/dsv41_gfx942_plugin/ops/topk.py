@@ -132,7 +132,9 @@ def _kernels(t: torch.Tensor) -> dict[str, _launcher.Kernel] | None:
     return module.kernels
 
 
-def _is_int32_lens(seq_lens: torch.Tensor, rows: int, next_n: int, device) -> bool:
+def _is_int32_lens(seq_lens, rows: int, next_n: int, device) -> bool:
+    if not isinstance(seq_lens, torch.Tensor):
+        return False
     if seq_lens.dtype != torch.int32 or seq_lens.device != device or not seq_lens.is_contiguous():
         return False
     if seq_lens.dim() == 2:
@@ -179,6 +181,11 @@ def _register_path(logits: torch.Tensor) -> bool:
     )
 
 
+def _shape(t) -> tuple | str:
+    """A tensor's shape, or what else ``t`` is, for a message."""
+    return tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+
+
 def _why_not_decode(logits, next_n, seq_lens, indices) -> str | None:
     if not isinstance(logits, torch.Tensor) or not _is_logits(logits):
         return "logits must be a float32 CUDA tensor [rows, width] with unit column stride"
@@ -187,12 +194,12 @@ def _why_not_decode(logits, next_n, seq_lens, indices) -> str | None:
     rows = logits.shape[0]
     if not _is_int32_lens(seq_lens, rows, next_n, logits.device):
         return (
-            f"seq_lens {tuple(seq_lens.shape)} must be contiguous int32 on {logits.device}, "
+            f"seq_lens {_shape(seq_lens)} must be contiguous int32 on {logits.device}, "
             f"one length a row (2-D) or a request (1-D) for {rows} rows, next_n {next_n}"
         )
     if not _is_index_out(indices, rows, TOPK, logits.device):
         return (
-            f"indices {tuple(indices.shape)} must be int32 [>= {rows}, >= {TOPK}] with unit "
+            f"indices {_shape(indices)} must be int32 [>= {rows}, >= {TOPK}] with unit "
             f"column stride on {logits.device}"
         )
     return None
@@ -279,7 +286,8 @@ def top_k_per_row_decode_512(
     Raises ValueError/TypeError for inputs it cannot take."""
     why = _why_not_decode(logits, next_n, seq_lens, indices)
     if why is not None:
-        raise TypeError(why) if not isinstance(logits, torch.Tensor) else ValueError(why)
+        tensors = all(isinstance(t, torch.Tensor) for t in (logits, seq_lens, indices))
+        raise ValueError(why) if tensors else TypeError(why)
     register = register_select and _register_path(logits)
     if not register and not (1 <= max_blocks <= MAX_CHUNKS and min_chunk >= 1):
         raise ValueError(f"max_blocks must be in [1, {MAX_CHUNKS}] and min_chunk >= 1")
