@@ -13,6 +13,38 @@ import torch
 TOPK = 512
 
 
+def make_logits(rows, width, kind="randn", seed=0, stride=None, device="cpu"):
+    """[rows, width] fp32 logits of ``kind`` on ``device``, seeded, optionally a view with row
+    stride ``stride``: the adversarial rows of the top-k tests (the CPU emulation's and the
+    GPU's)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(rows, stride or width, device=device, generator=g)[:, :width]
+    neg = float("-inf")
+    if kind == "ties":  # few distinct values: ties everywhere, also at the cut
+        x.copy_(torch.randint(0, 3, x.shape, device=device, generator=g).float())
+    elif kind == "all_ninf":
+        x.fill_(neg)
+    elif kind == "masked":  # 7 of 8 blocks of 8 columns at -inf, as the candidate mask leaves
+        keep = torch.rand(rows, -(-width // 8), device=device, generator=g) < 0.125
+        x.masked_fill_(~keep.repeat_interleave(8, 1)[:, :width], neg)
+    elif kind == "sparse_finite":  # fewer finite values than 512 in most chunks
+        keep = torch.rand(x.shape, device=device, generator=g) < 0.01
+        x.masked_fill_(~keep, neg)
+    elif kind == "specials":  # +inf, NaN, -0, +0, -inf sprinkled over random values
+        u = torch.rand(x.shape, device=device, generator=g)
+        x.masked_fill_(u < 0.002, float("inf"))
+        x.masked_fill_((u >= 0.002) & (u < 0.0025), float("nan"))
+        x.masked_fill_((u >= 0.0025) & (u < 0.003), -float("nan"))  # sign bit set
+        x.masked_fill_((u >= 0.003) & (u < 0.01), -0.0)
+        x.masked_fill_((u >= 0.01) & (u < 0.02), 0.0)
+        x.masked_fill_((u >= 0.02) & (u < 0.1), neg)
+    elif kind == "equal":  # one value everywhere
+        x.fill_(1.5)
+    elif kind == "cluster":  # the last 4096 columns of every 16384 high: more than a chunk's
+        x[:, (torch.arange(width, device=device) // 4096) % 4 == 3] += 3.0  # 1024 superset slots
+    return x
+
+
 def order_key(x: torch.Tensor) -> torch.Tensor:
     """int64 keys in torch.topk order: NaN > +inf > ... > -inf; -0 == +0."""
     bits = x.float().contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF

@@ -21,7 +21,6 @@ import ref_topk as ref
 from dsv41_gfx942_plugin.ops import _launcher, topk
 
 ROOT = Path(__file__).resolve().parent.parent
-NEG = float("-inf")
 
 
 @pytest.fixture(scope="module", params=[64, 32], ids=["wave64", "wave32"])
@@ -66,27 +65,7 @@ def emu(request, tmp_path_factory):
 
 
 def logits_of(rows, width, kind="randn", seed=0, stride=None):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(rows, stride or width, generator=g)[:, :width]
-    if kind == "ties":
-        x.copy_(torch.randint(0, 3, x.shape, generator=g).float())
-    elif kind == "all_ninf":
-        x.fill_(NEG)
-    elif kind == "masked":  # 7 of 8 blocks of 8 columns at -inf
-        keep = torch.rand(rows, -(-width // 8), generator=g) < 0.125
-        x.masked_fill_(~keep.repeat_interleave(8, 1)[:, :width], NEG)
-    elif kind == "sparse_finite":
-        x.masked_fill_(torch.rand(x.shape, generator=g) >= 0.01, NEG)
-    elif kind == "specials":
-        u = torch.rand(x.shape, generator=g)
-        x.masked_fill_(u < 0.002, float("inf"))
-        x.masked_fill_((u >= 0.002) & (u < 0.0025), float("nan"))
-        x.masked_fill_((u >= 0.0025) & (u < 0.003), -float("nan"))  # sign bit set
-        x.masked_fill_((u >= 0.003) & (u < 0.01), -0.0)
-        x.masked_fill_((u >= 0.02) & (u < 0.1), NEG)
-    elif kind == "cluster":  # the last 4096 columns of every 16384 high (see test_topk_gpu)
-        x[:, (torch.arange(width) // 4096) % 4 == 3] += 3.0
-    return x
+    return ref.make_logits(rows, width, kind, seed, stride)
 
 
 def lens(ends):

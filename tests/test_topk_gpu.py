@@ -27,38 +27,9 @@ DEV = "cuda"
 NEG = float("-inf")
 
 
-def _gen(seed: int) -> torch.Generator:
-    return torch.Generator(device=DEV).manual_seed(seed)
-
-
 def make_logits(rows, width, kind="randn", seed=0, stride=None):
-    """[rows, width] fp32 logits, optionally a view with row stride ``stride``."""
-    g = _gen(seed)
-    base = torch.randn(rows, stride or width, device=DEV, generator=g)
-    x = base[:, :width]
-    if kind == "ties":  # few distinct values: ties everywhere, also at the cut
-        x.copy_(torch.randint(0, 3, x.shape, device=DEV, generator=g).float())
-    elif kind == "all_ninf":
-        x.fill_(NEG)
-    elif kind == "masked":  # 7 of 8 blocks of 8 columns at -inf, as the candidate mask leaves
-        keep = torch.rand(rows, -(-width // 8), device=DEV, generator=g) < 0.125
-        x.masked_fill_(~keep.repeat_interleave(8, 1)[:, :width], NEG)
-    elif kind == "sparse_finite":  # fewer finite values than 512 in most chunks
-        keep = torch.rand(x.shape, device=DEV, generator=g) < 0.01
-        x.masked_fill_(~keep, NEG)
-    elif kind == "specials":  # +inf, NaN, -0, +0, -inf sprinkled over random values
-        u = torch.rand(x.shape, device=DEV, generator=g)
-        x.masked_fill_(u < 0.002, float("inf"))
-        x.masked_fill_((u >= 0.002) & (u < 0.0025), float("nan"))
-        x.masked_fill_((u >= 0.0025) & (u < 0.003), -float("nan"))  # sign bit set
-        x.masked_fill_((u >= 0.003) & (u < 0.01), -0.0)
-        x.masked_fill_((u >= 0.01) & (u < 0.02), 0.0)
-        x.masked_fill_((u >= 0.02) & (u < 0.1), NEG)
-    elif kind == "equal":  # one value everywhere
-        x.fill_(1.5)
-    elif kind == "cluster":  # the last 4096 columns of every 16384 high: more than a chunk's
-        x[:, (torch.arange(width, device=DEV) // 4096) % 4 == 3] += 3.0  # 1024 superset slots
-    return x
+    """[rows, width] fp32 logits on the GPU (``ref_topk.make_logits``)."""
+    return ref.make_logits(rows, width, kind, seed, stride, DEV)
 
 
 def lens_2d(ends):
