@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command (README "The two commands on a fresh machine"): installs what the tests need, then runs them.
+# The test command (README "The two commands on a fresh machine"): installs what the tests
+# need, then runs them.
 #  1. the gfx942 HIP toolchain, where no ROCm compiler is installed and apt-get is there
 #     (Debian's clang-19 + HIP headers + device libraries: hip/build.py builds with them);
 #  2. a virtual environment with vLLM 0.33.0 (~9 GB, ~5 min the first time), cached under
