@@ -13,6 +13,7 @@ reads. A plain Triton kernel, so an NVIDIA GPU runs it too.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sys
 import types
@@ -28,8 +29,10 @@ class UnquantizedEmbeddingMethod:
     """Named as vLLM's unquantized embedding method, which the in-tree ``_why_not`` asks for."""
 
 
+@functools.cache
 def _load():
-    """The in-tree module, or None (with the reason printed) where it cannot be loaded."""
+    """The in-tree module, or None (with the reason printed) where it cannot be loaded; tried
+    once a process."""
     try:
         import vllm
 
@@ -55,18 +58,13 @@ def _load():
         return None
 
 
-_loaded: list = []  # the module (or None) once the first call has tried to load it
-
-
 def runner(spec, rows: int, base3: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor):
     """A callable running the in-tree fused sampling of ``rows`` requests on ``bench_markov``'s
     speculator state (the same outputs, ``draft_tokens`` and ``draft_logits``), or None where it
     does not take the step (greedy drafts, more than 8 rows, not loadable)."""
     if spec.draft_logits is None or not 1 <= rows <= MAX_ROWS:
         return None
-    if not _loaded:
-        _loaded.append(_load())
-    module = _loaded[0]
+    module = _load()
     if module is None:
         return None
     n_spec, vocab = base3.shape[1], base3.shape[2]
