@@ -405,6 +405,9 @@ REASONS = [
     ("a draft logits cache of another layout", lambda s: setattr(
         s, "draft_logits", s.draft_logits[:, :1]
     )),
+    ("a draft logits cache narrower than the vocabulary", lambda s: setattr(
+        s, "draft_logits", s.draft_logits[:, :, :299]
+    )),
     ("no draft steps", lambda s: setattr(s, "num_speculative_steps", 0)),
 ]  # fmt: skip
 
@@ -477,6 +480,18 @@ def test_embedding_larger_than_vocabulary_is_taken():
     spec, hidden = _base_case(seed=65)
     _w1(spec).data = torch.cat([_w1(spec).data] * 2)
     assert F._why_not(spec, 3) is None
+
+
+def test_draft_logits_cache_wider_than_the_vocabulary_is_taken():
+    """The other side of the cache-width reason: a cache with columns past the vocabulary is
+    taken, and those columns are left as they are (vLLM writes only the vocabulary's)."""
+    spec, hidden = _base_case(seed=66)
+    c = spec.draft_logits
+    spec.draft_logits = torch.full((*c.shape[:2], c.shape[2] + 9), 3.0, dtype=c.dtype)
+    took, ref, out = R.run_both(spec, 3, hidden, F.sample_sequential)
+    assert took
+    R.check_rule(spec, 3, R.model_base(spec, 3, hidden), R.model_bias_fn(spec), ref, out)
+    assert (out["cache"][..., 300:] == 3.0).all()
 
 
 def test_capture_needs_the_scratch_allocated_before(monkeypatch):

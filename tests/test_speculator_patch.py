@@ -112,6 +112,27 @@ def test_fused_path_that_raises_is_turned_off_and_vllm_runs(calls, monkeypatch, 
         "raised": 1, "raised earlier in this process": 1}  # fmt: skip
 
 
+def test_fused_module_that_fails_to_import_is_turned_off_and_vllm_runs(
+    calls, monkeypatch, plugin_log
+):
+    """An import error of the fused module (its Triton or vLLM imports) is a failure like any
+    other: logged once, the fused path off, vLLM's loop runs; it never reaches vLLM."""
+    import dsv41_gfx942_plugin.ops as ops
+    import dsv41_gfx942_plugin.speculator as speculator
+
+    monkeypatch.setattr(speculator, "_fused_failed", False)
+    monkeypatch.delattr(ops, "fused_markov")
+    monkeypatch.setitem(sys.modules, calls.fused.__name__, None)  # import raises ImportError
+    patched = make_sample_sequential(_original(calls))
+    patched(_Spec(), 4, None)
+    patched(_Spec(), 4, None)
+    assert calls.log == ["vllm", "vllm"]
+    errors = [r for r in plugin_log.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "ModuleNotFoundError" in errors[0].exc_text
+    assert dsv41_gfx942_plugin.stats()["fused_markov"]["reasons"] == {
+        "raised": 1, "raised earlier in this process": 1}  # fmt: skip
+
+
 @pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1",
     reason="the fused Triton kernels run on the CPU only in the interpreter",

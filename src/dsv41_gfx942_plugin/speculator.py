@@ -38,9 +38,9 @@ def _fused(spec, num_reqs: int, head_hidden) -> bool:
     stays off in this process, and vLLM's loop runs (rewriting every token and cached logit the
     fused path may have touched), so a plugin bug never takes the server down."""
     global _fused_failed
-    from .ops import fused_markov
-
     try:
+        from .ops import fused_markov  # inside: an import that fails is a failure like any other
+
         if fused_markov.sample_sequential(spec, num_reqs, head_hidden):
             return True
         counters.record(HOOK, False, "fused path declined")

@@ -179,6 +179,8 @@ def _why_not(spec, num_reqs: int) -> str | None:
             return f"a {cache.dtype} draft logits cache"
         if cache.stride(-1) != 1 or cache.shape[1] < spec.num_speculative_steps:
             return "a draft logits cache of another layout"
+        if cache.shape[2] < lp.org_vocab_size:  # vLLM's gumbel_sample asserts here
+            return "a draft logits cache narrower than the vocabulary"
     if spec.num_speculative_steps < 1:
         return "no draft steps"
     if not 1 <= num_reqs <= spec.max_num_reqs:
