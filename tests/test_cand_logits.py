@@ -704,6 +704,20 @@ def test_twin_blocks_cross_pages_and_short_rows():
 
 @pytest.mark.gpu
 @needs_cuda
+def test_twin_stale_block_ids_are_dead():
+    """Block ids far past every row (2**28 and more: their int32 position would wrap negative
+    and look live) are dead, as the reference's int64 positions say."""
+    case = make_case(lens=[700, 65, 301], heads=32, page_size=64, blocks=40, device="cuda", seed=9)
+    huge = torch.tensor([1 << 28, (1 << 28) + 1, 1 << 30, (1 << 31) - 1], dtype=torch.int32)
+    stale = case.candidates[:, ::5]  # a view: the copy writes the candidates
+    stale.copy_(huge[torch.arange(stale.numel()) % 4].view_as(stale))
+    live = check_against_reference(case)
+    rows, blocks = case.candidates.shape
+    assert live.any() and not live.view(rows, blocks, case.cand_block)[:, ::5].any()
+
+
+@pytest.mark.gpu
+@needs_cuda
 def test_twin_page_offsets_past_2gib():
     """Pages whose byte offset exceeds 2**31 (AITER once gave zero logits there)."""
     page_bytes = 64 * 132

@@ -57,6 +57,8 @@ def vllm_env(monkeypatch, clean_plugin):
     monkeypatch.setattr(torch.ops._C, "top_k_per_row_decode",
                         spy("vllm:topk", ref.top_k_per_row_decode), raising=False)  # fmt: skip
     monkeypatch.setattr(indexer, "_aiter_enabled", lambda: True)
+    aiter_logits = types.ModuleType("aiter.ops.triton.pa_mqa_logits")  # AITER's, importable
+    monkeypatch.setattr(rocm, "paged_mqa_logits_module", lambda: aiter_logits)
     monkeypatch.setattr(topk, "build", lambda: True)  # "the code object is loaded"
     config = VllmConfig(device_config=DeviceConfig(device="cpu"))
     with set_current_vllm_config(config):
@@ -216,6 +218,28 @@ def test_declining_hooks_leave_vllms_op_at_each_place(vllm_env, monkeypatch, kin
                      "writer": ["hook:select_candidates", "hook:decode_top_k"],
                      "reader": ["hook:candidate_logits_top_k", "hook:candidate_top_k",
                                 "hook:decode_top_k"]}[kind]  # fmt: skip
+
+
+def test_candidate_logits_declined_where_vllm_takes_its_torch_logits(vllm_env, monkeypatch):
+    """Without AITER's paged-MQA logits module vLLM computes the dense logits with its torch
+    reference, which the candidate logits do not mirror: the hook is told so and declines, and
+    the reader takes vLLM's logits and the candidate top-k."""
+    from vllm.v1.attention.ops import rocm_aiter_mla_sparse as rocm
+
+    monkeypatch.setattr(rocm, "paged_mqa_logits_module", lambda: None)
+    plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "reader", "mtp_2d")
+    install_hooks(monkeypatch, vllm_env, take=True)
+    told = []
+    take = topk.candidate_logits_top_k
+    monkeypatch.setattr(topk, "candidate_logits_top_k",
+                        lambda *a: told.append(a[9]) or take(*a))  # fmt: skip
+    run(vllm_env, oracle_layer, meta, q, n, plugin=False)
+    vllm_env.calls.clear()
+    run(vllm_env, plugin_layer, meta, q, n)
+    assert told == [False]
+    assert vllm_env.calls == ["hook:candidate_logits_top_k", "vllm:logits", "hook:candidate_top_k"]
+    assert_same_rows(plugin_layer.topk_indices_buffer[: meta.num_decode_tokens],
+                     oracle_layer.topk_indices_buffer[: meta.num_decode_tokens])  # fmt: skip
 
 
 def test_reader_with_few_live_candidates_pads_with_minus_one(vllm_env, monkeypatch):

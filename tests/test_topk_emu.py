@@ -96,6 +96,16 @@ def test_decode(emu, rows, width, ends, kind):
     ref.check_decode(x, 1, lens(ends), idx, f"wave{emu} {kind}")
 
 
+@pytest.mark.parametrize("width", [0, 1, 3])
+def test_decode_rows_narrower_than_a_float4(emu, width):
+    """Rows of 16-byte aligned storage but fewer than 4 logits: 0..end-1, then -1."""
+    x = logits_of(3, 4, "randn", seed=5)[:, :width]
+    ends = [width, max(width - 1, 0), 0]
+    idx = out(3)
+    assert topk.decode_top_k(x, 1, lens(ends), idx, 512)
+    ref.check_decode(x, 1, lens(ends), idx, f"wave{emu} width {width}")
+
+
 def test_decode_many_keys_above_the_floor(emu):
     """The keys of the chunk's first threads (5200 of its 16384) are all large: the floor from
     group maxima leaves over 4096 (LIST) keys above it, which are selected from the registers,

@@ -53,6 +53,17 @@ def test_decode_takes_and_launches_two_passes(calls):
     assert calls[0][1] == (8, 6, 1) and calls[1][1] == (1, 6, 1)  # chunks of 16384
 
 
+@pytest.mark.parametrize("width", [0, 1, 3, 4])
+def test_decode_rows_narrower_than_a_float4_take_the_general_path(calls, width):
+    """The chunk kernel reads a row's first float4 however short the row: rows of fewer than 4
+    logits (16-byte aligned otherwise) go to the general path, which reads nothing of them."""
+    logits = torch.zeros(3, 4)[:, :width]
+    seq = torch.full((3, 1), width, dtype=torch.int32)
+    assert topk.decode_top_k(logits, 1, seq, torch.zeros(3, 512, dtype=torch.int32), 512)
+    want = "dsv_topk512_chunks" if width == 4 else "dsv_topk512_chunks_stream"
+    assert calls[0][0] == want
+
+
 def test_decode_wide_rows(calls):
     logits, next_n, seq, idx = decode_inputs(rows=2, width=(1 << 20) - 8)
     assert topk.decode_top_k(logits, next_n, seq, idx, 512)
@@ -208,6 +219,7 @@ def test_compact_gating(calls):
     assert not topk.compact_top_k_512(logits, torch.zeros(6, 32768, dtype=torch.int32)[:, ::2],
                                       seq, 1, idx)  # fmt: skip
     assert not topk.compact_top_k_512(logits, ids, seq, 0, idx)
+    assert not topk.compact_top_k_512(logits[:, :0], ids[:, :0], seq, 1, idx)  # no entry to read
     assert calls == []
     assert topk.compact_top_k_512(logits, ids, seq, 1, idx)
     assert [c[0] for c in calls] == ["dsv_topk512_compact"]

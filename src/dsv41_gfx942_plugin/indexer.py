@@ -179,8 +179,13 @@ def decode_step(layer, meta, num_tokens: int, q_fp8, weights) -> torch.Tensor:
     cands = layer.candidate_blocks
     reader = cands is not None and not layer.candidate_write
 
-    dense_is_aiter_gluon = kv_cache.shape[1] > 1 and not _vllm_rocm._indexer_k_is_c4a_block_flat(
-        layer.compress_ratio
+    # vLLM's rocm_fp8_paged_mqa_logits takes AITER's gfx942 kernel only for these pages and
+    # compress ratios, and only when AITER's paged-MQA logits module imports with that API
+    # (else its torch reference): the candidate logits mirror that kernel alone.
+    dense_is_aiter_gluon = (
+        kv_cache.shape[1] > 1
+        and not _vllm_rocm._indexer_k_is_c4a_block_flat(layer.compress_ratio)
+        and _vllm_rocm.paged_mqa_logits_module() is not None
     )
     done = reader and _hook(
         "candidate_logits_top_k",

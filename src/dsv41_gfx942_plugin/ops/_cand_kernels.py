@@ -63,6 +63,9 @@ def _column_addresses(
         mask=cols < row_len,
         other=-1,
     )
+    # A block past the row's end is dead before its position is formed, so a stale id (2**28
+    # and more) cannot wrap the int32 product to a live-looking negative position.
+    block = gl.where((block >= 0) & (block <= end // CandBlock), block, -1)
     position = block * CandBlock + cols % CandBlock
     live = (block >= 0) & (position < end)
     position = gl.where(live, position, 0)

@@ -260,13 +260,16 @@ def candidate_logits_top_k(
     """The hook in front of the decode indexer's dense logits on the candidate-reader layers.
 
     Takes only calls whose dense logits would come from AITER's gfx942 Gluon kernel (the caller
-    says so in `dense_is_aiter_gluon`: page size > 1, compress ratio not 4, AITER on, gfx942),
+    says so in `dense_is_aiter_gluon`: page size > 1, compress ratio not 4, AITER on with its
+    paged-MQA logits module importable (vLLM's `paged_mqa_logits_module()`), gfx942),
     topK 512, 32 or 64 heads of dim 128, q `[batch, next_n, heads, 128]` FP8 contiguous, a uint8
     cache `[pages, 16k, 1, 132]`, int32 lengths/block table/candidates, unit column strides, no
     padding and more than 512 candidate columns. It then writes the compact candidate rows and
     their top 512 (`compact_top_k_512` of ops/topk.py) into `indices` and returns True, and vLLM
     skips its dense logits, candidate mask and top-k. Otherwise it returns False having written
-    nothing, and vLLM runs its own path."""
+    nothing, and vLLM runs its own path. A row's candidate ids are taken as distinct, as layer
+    20 writes them (vLLM's selection and the plugin's: a top-K of distinct blocks; a repeated
+    id would list its columns twice); ids past the row's end, however large, are dead."""
     if not _hook_takes(
         q_fp8, kv_cache, weights, seq_lens, block_table, candidates, block_size, indices,
         topk_tokens, dense_is_aiter_gluon, requires_padding,

@@ -174,10 +174,13 @@ def _is_logits(logits: torch.Tensor) -> bool:
 
 
 def _register_path(logits: torch.Tensor) -> bool:
+    """Rows the chunk kernel takes: 16-byte aligned, at least one float4 wide (it reads a
+    row's first 4 logits however short the row; a narrower row ends at or before 512, which
+    the general path answers without reading it), at most 64 chunks."""
     return (
         logits.stride(0) % 4 == 0
         and logits.data_ptr() % 16 == 0
-        and logits.shape[1] <= MAX_CHUNKS * CHUNK
+        and 4 <= logits.shape[1] <= MAX_CHUNKS * CHUNK
     )
 
 
@@ -354,7 +357,7 @@ def candidate_top_k(logits, next_n, seq_lens, candidates, block_size, indices, t
 
 def compact_top_k_512(logits, ids, seq_lens, next_n, indices) -> bool:
     """Top-512 over compact candidate rows: entry i of row r is ``(logits[r, i], ids[r, i])``,
-    ``ids`` -1 where there is no entry, distinct ids otherwise (rows of <= 16384 entries).
+    ``ids`` -1 where there is no entry, distinct ids otherwise (rows of 1..16384 entries).
     ``indices[r]`` gets the ids of the 512 largest entries, in no order, then -1 when fewer;
     a row whose end (as in :func:`top_k_per_row_decode_512`) is <= 512 gets ``0..end-1``
     then -1. Returns False, having written nothing, for a call it cannot take."""
@@ -366,7 +369,7 @@ def compact_top_k_512(logits, ids, seq_lens, next_n, indices) -> bool:
         and ids.shape == logits.shape
         and ids.stride(1) == 1
         and ids.device == logits.device
-        and logits.shape[1] <= CHUNK
+        and 1 <= logits.shape[1] <= CHUNK  # the kernel reads each row's first entry
         and isinstance(next_n, int)
         and next_n >= 1
     ):
