@@ -217,6 +217,10 @@ def build_package(package_dir: Path, require: bool | None = None) -> dict:
     ``package_dir/_build_info.py``. Returns the recorded build info."""
     if require is None:
         require = os.environ.get(REQUIRE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    # The package ships exactly what this build compiles: not a code object an earlier build
+    # left in the build folder, nor one copied from the source tree (an sm_90 test build there).
+    for stale in (package_dir / "_kernels").glob("*.co"):
+        stale.unlink()
     objects: dict[str, dict] = {}
     compilers = {}
     for arch in SHIPPED_ARCHS:

@@ -54,6 +54,19 @@ def test_unknown_arch_is_refused(tmp_path, hip_build):
         hip_build.build("gfx90a", tmp_path)
 
 
+def test_build_package_ships_only_what_it_built(tmp_path, monkeypatch, one_kernel):
+    """A code object left in the package folder (an earlier build's, or an sm_90 test build
+    copied from the source tree) is not shipped: without a compiler the folder ends empty,
+    as the build info says."""
+    kernels = tmp_path / "pkg" / "_kernels"
+    kernels.mkdir(parents=True)
+    for name in ("topk512.gfx942.co", "topk512.sm_90.co"):
+        (kernels / name).write_bytes(b"stale")
+    monkeypatch.setattr(one_kernel, "find_compiler", lambda arch: None)
+    info = one_kernel.build_package(tmp_path / "pkg", require=False)
+    assert info["code_objects"] == {} and list(kernels.glob("*.co")) == []
+
+
 def test_build_package_records_what_it_built(tmp_path, one_kernel):
     if one_kernel.find_compiler("gfx942") is None and not REQUIRED:
         pytest.skip("no gfx942-capable compiler here")
@@ -78,8 +91,8 @@ def test_installed_wheel_carries_its_build_info():
 
     info = _build_info.BUILD_INFO
     kernels_dir = Path(_build_info.__file__).parent / "_kernels"
-    for name in info["code_objects"]:
-        assert (kernels_dir / name).is_file(), name
+    shipped = sorted(p.name for p in kernels_dir.glob("*.co"))
+    assert shipped == sorted(info["code_objects"])  # no stale or sm_90 object beside them
     if REQUIRED and list((ROOT / "hip").glob("*.hip")):
         assert info["archs"] == ["gfx942"]
         assert any(n.endswith(".gfx942.co") for n in info["code_objects"])

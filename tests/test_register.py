@@ -118,6 +118,18 @@ def test_changed_signature_is_skipped_with_warning(clean_plugin, fake_platform, 
     assert len(warnings) == 1 and SAMPLER in warnings[0] and "extra" in warnings[0]
 
 
+def _assert_left_alone(clean_plugin, plugin_log, monkeypatch, owner, attr, theirs, why):
+    """``owner.attr`` set to ``theirs`` before register(): that patch is skipped with a warning
+    saying ``why``, ``theirs`` stays, the other patch applies."""
+    monkeypatch.setattr(owner, attr, theirs)
+    clean_plugin.register()
+    assert getattr(owner, attr) is theirs
+    target = INDEXER if attr == "attn_cls" else SAMPLER
+    assert set(patching.applied()) == {INDEXER, SAMPLER} - {target}
+    assert any(target in r.getMessage() and why in r.getMessage()
+               for r in plugin_log.records if r.levelno == logging.WARNING)  # fmt: skip
+
+
 def test_replaced_attn_cls_is_left_alone(clean_plugin, fake_platform, monkeypatch, plugin_log):
     from vllm.model_executor.layers.sparse_attn_indexer import SparseAttnIndexer
     from vllm.models.deepseek_v41.attention import DeepseekV4Indexer
@@ -125,12 +137,26 @@ def test_replaced_attn_cls_is_left_alone(clean_plugin, fake_platform, monkeypatc
     class SomeoneElses(SparseAttnIndexer):
         pass
 
-    monkeypatch.setattr(DeepseekV4Indexer, "attn_cls", SomeoneElses)
-    clean_plugin.register()
-    assert DeepseekV4Indexer.attn_cls is SomeoneElses
-    assert set(patching.applied()) == {SAMPLER}
-    assert any(INDEXER in r.getMessage() and "expected vLLM's" in r.getMessage()
-               for r in plugin_log.records if r.levelno == logging.WARNING)  # fmt: skip
+    _assert_left_alone(clean_plugin, plugin_log, monkeypatch, DeepseekV4Indexer, "attn_cls",
+                       SomeoneElses, "expected vLLM's")  # fmt: skip
+
+
+@pytest.mark.parametrize("how", ["replaced", "wrapped"])
+def test_replaced_sampler_is_left_alone(clean_plugin, fake_platform, monkeypatch, plugin_log,
+                                        how):  # fmt: skip
+    """Another plugin's _sample_sequential with vLLM's parameters (its own, or vLLM's wrapped
+    with functools.wraps) is not patched over: the fused path's order assumes vLLM's method."""
+    import functools
+
+    from vllm.v1.worker.gpu.spec_decode.dspark.speculator import DSparkSpeculator
+
+    def theirs(self, num_reqs, head_hidden):
+        return None
+
+    if how == "wrapped":
+        theirs = functools.wraps(DSparkSpeculator._sample_sequential)(theirs)
+    _assert_left_alone(clean_plugin, plugin_log, monkeypatch, DSparkSpeculator,
+                       "_sample_sequential", theirs, "not vLLM's own")  # fmt: skip
 
 
 def test_patch_helper_refuses_twice():

@@ -43,6 +43,18 @@ def _versions() -> None:
     print(f"  plugin  {_dist_version('dsv41-gfx942-plugin')}")
 
 
+ENTRY_POINT = "dsv41_gfx942"  # the plugin's name in vllm.general_plugins (pyproject.toml)
+
+
+def _not_loaded_by_vllm() -> str | None:
+    """Why vLLM's plugin loader would not call register() here (its VLLM_PLUGINS allowlist,
+    as vLLM parses it), or None."""
+    allowed = importlib.import_module("vllm.envs").VLLM_PLUGINS
+    if allowed is not None and ENTRY_POINT not in allowed:
+        return f"VLLM_PLUGINS={','.join(allowed)!r} does not list {ENTRY_POINT}"
+    return None
+
+
 def _platform() -> str | None:
     from . import inactive_reason
 
@@ -63,7 +75,7 @@ def _platform() -> str | None:
     try:
         platform = importlib.import_module("vllm.platforms").current_platform
         print(f"  vLLM platform: {type(platform).__name__}")
-        reason = inactive_reason()
+        reason = _not_loaded_by_vllm() or inactive_reason()
     except Exception as exc:
         reason = f"could not decide: {type(exc).__name__}: {exc}"
     print(

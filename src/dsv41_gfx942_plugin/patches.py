@@ -27,7 +27,8 @@
    - How: a wrapper keeping vLLM's order (``speculator.make_sample_sequential``): the draft
      top-k path, the draft model's own ``sample_sequential`` hook (vLLM's ``--monokernel`` path
      serves there), then the plugin's fused launches, then vLLM's original method.
-   - Checked first: its parameters ``(self, num_reqs, head_hidden)``.
+   - Checked first: it is still vLLM's own function (defined in that module, not wrapped),
+     with the parameters ``(self, num_reqs, head_hidden)``.
    - Removed by: vLLM fusing the Markov steps itself outside ``--monokernel``.
    - Switch: ``DSV41_GFX942_FUSED_MARKOV``.
 
@@ -117,7 +118,13 @@ SAMPLER = Patch(
     owner="DSparkSpeculator",
     attr="_sample_sequential",
     make=_make_sampler,
-    expects=(Expect(f"{_SPEC}._sample_sequential", params=("self", "num_reqs", "head_hidden")),),
+    expects=(
+        Expect(
+            f"{_SPEC}._sample_sequential",
+            params=("self", "num_reqs", "head_hidden"),
+            vllms_own=True,
+        ),
+    ),
 )
 
 #: Every patch with the hook families that want it (applied when any of them is on).

@@ -25,12 +25,15 @@ class Expect:
     """What one vLLM object must be: ``path`` is "module:Owner.attr" or "module:function".
 
     ``params`` are the parameter names its signature must have, in order; ``is_class`` names
-    the class ("module:Class") that the attribute must still hold.
+    the class ("module:Class") that the attribute must still hold; ``vllms_own`` requires a
+    function defined in that module's own source, not wrapped (so not a replacement from
+    another plugin, however alike its parameters).
     """
 
     path: str
     params: tuple[str, ...] | None = None
     is_class: str | None = None
+    vllms_own: bool = False
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,14 @@ def _params(obj: Any) -> tuple[str, ...]:
     return tuple(inspect.signature(fn).parameters)
 
 
+def _defined_in(fn: Any, module_name: str) -> bool:
+    """Whether ``fn`` is a plain function compiled from ``module_name``'s source file."""
+    code = getattr(fn, "__code__", None)
+    module = importlib.import_module(module_name)
+    own = code is not None and code.co_filename == module.__file__
+    return own and not hasattr(fn, "__wrapped__")
+
+
 def check(patch: Patch) -> str | None:
     """Why ``patch`` must not be applied to the installed vLLM, or None if it fits."""
     try:
@@ -90,6 +101,8 @@ def check(patch: Patch) -> str | None:
                     return f"{exp.path} has parameters {got}, expected {exp.params}"
             if exp.is_class is not None and obj is not resolve(exp.is_class):
                 return f"{exp.path} is {obj!r}, expected vLLM's {exp.is_class}"
+            if exp.vllms_own and not _defined_in(obj, exp.path.partition(":")[0]):
+                return f"{exp.path} is {obj!r}, not vLLM's own function"
     except Exception as exc:  # an import error or a missing name: the target is not there
         return f"{type(exc).__name__}: {exc}"
     return None
