@@ -70,6 +70,15 @@ def test_model_hook_first_and_plugin_stands_aside(calls, monkeypatch, plugin_log
     assert dsv41_gfx942_plugin.stats()["fused_markov"]["reasons"] == {"draft model's own hook": 1}
 
 
+def test_model_hook_log_without_the_indexer_patch(calls, monkeypatch, plugin_log):
+    """With patch 1 not applied (switched off), the log line does not blame --monokernel."""
+    monkeypatch.delitem(sys.modules, "dsv41_gfx942_plugin.indexer", raising=False)
+    patched = make_sample_sequential(_original(calls))
+    patched(_Spec(model_hook=lambda *a: True), 4, None)
+    served = [r.getMessage() for r in plugin_log.records if "served by" in r.getMessage()]
+    assert len(served) == 1 and "indexer patch is not applied" in served[0]
+
+
 def test_fused_path_serves_when_it_takes_the_step(calls):
     calls.fused.answer = True
     patched = make_sample_sequential(_original(calls))

@@ -48,6 +48,7 @@ _SPEC = "vllm.v1.worker.gpu.spec_decode.dspark.speculator:DSparkSpeculator"
 _ROCM = "vllm.v1.attention.ops.rocm_aiter_mla_sparse"
 _COMMON = "vllm.v1.attention.ops.common"
 _META = "vllm.v1.attention.backends.mla.indexer"
+_AITER = "vllm._aiter_ops:rocm_aiter_ops"
 
 
 def _make_indexer(original):
@@ -95,6 +96,13 @@ INDEXER = Patch(
         Expect(f"{_ROCM}:_apply_candidate_mask_strided", params=(
             "logits", "row_ks", "row_ke", "candidate_blocks", "block_size", "row_repeat")),
         Expect(f"{_ROCM}:_indexer_k_is_c4a_block_flat", params=("compress_ratio",)),
+        Expect(f"{_ROCM}:paged_mqa_logits_module", params=()),
+        Expect(f"{_AITER}.is_indexer_top_k_supported", params=(
+            "is_prefill", "compress_ratio", "num_rows", "max_valid_seq_len", "topk_tokens")),
+        Expect(f"{_AITER}.dsv4_indexer_prefers_native_top_k", params=(
+            "num_rows", "num_columns", "topk_tokens")),
+        Expect(f"{_AITER}.indexer_top_k_decode", params=(
+            "logits", "next_n", "seq_lens", "topk_indices", "topk_tokens")),
         Expect("vllm.model_executor.layers.sparse_attn_indexer:_select_candidate_blocks",
                params=("logits", "row_ks", "row_ke", "topk_blocks", "block_size", "out",
                        "row_repeat")),

@@ -10,6 +10,7 @@ nothing (one Python call, no kernel).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 from . import counters, envs
@@ -23,8 +24,10 @@ def _served_by(path: str) -> None:
 
 
 def _indexer_path() -> str:
-    from . import indexer
-
+    """Which indexer serves DeepSeek-V4.1 in this process, for the --monokernel log line."""
+    indexer = sys.modules.get(f"{__package__}.indexer")  # imported where patch 1 applied
+    if indexer is None:
+        return "vLLM's op (the plugin's indexer patch is not applied in this process)"
     if indexer.layers_built:
         return "the plugin's decode path"
     return "vLLM's own indexer class (--monokernel or MXFP4: the plugin's patch is bypassed)"
