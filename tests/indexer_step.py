@@ -119,6 +119,10 @@ def install_stand_ins(monkeypatch, step: Step, full_graph: bool = True):
                                      cudagraph_runtime_mode=mode)  # fmt: skip
 
     monkeypatch.setattr(rocm, "rocm_fp8_paged_mqa_logits", logits)
+    # AITER's logits module "imports", as on a gfx942 server with AITER (vLLM's probe raises
+    # where AITER is not installed at all).
+    aiter_logits = types.ModuleType("aiter.ops.triton.pa_mqa_logits")
+    monkeypatch.setattr(rocm, "paged_mqa_logits_module", lambda: aiter_logits)
     monkeypatch.setattr(rocm, "get_forward_context", context)
     monkeypatch.setattr(indexer, "get_forward_context", context)
     monkeypatch.setattr(torch.ops._C, "top_k_per_row_decode", torch_top_k_per_row_decode,

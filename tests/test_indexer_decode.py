@@ -57,7 +57,7 @@ def vllm_env(monkeypatch, clean_plugin):
     monkeypatch.setattr(torch.ops._C, "top_k_per_row_decode",
                         spy("vllm:topk", ref.top_k_per_row_decode), raising=False)  # fmt: skip
     monkeypatch.setattr(indexer, "_aiter_enabled", lambda: True)
-    aiter_logits = types.ModuleType("aiter.ops.triton.pa_mqa_logits")  # AITER's, importable
+    aiter_logits = types.ModuleType("aiter.ops.triton.pa_mqa_logits")  # as on a gfx942 server
     monkeypatch.setattr(rocm, "paged_mqa_logits_module", lambda: aiter_logits)
     monkeypatch.setattr(topk, "build", lambda: True)  # "the code object is loaded"
     config = VllmConfig(device_config=DeviceConfig(device="cpu"))
