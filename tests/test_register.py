@@ -86,6 +86,7 @@ def test_active_patches_land_on_real_vllm(clean_plugin, fake_platform, plugin_lo
     before = {t: a.replacement for t, a in patching.applied().items()}
     clean_plugin.register()
     assert {t: a.replacement for t, a in patching.applied().items()} == before
+    assert patches.apply_all() == {INDEXER: "already applied", SAMPLER: "already applied"}
 
     # Undo restores vLLM's originals exactly.
     assert set(patching.undo_all()) == {INDEXER, SAMPLER}

@@ -156,10 +156,10 @@ def apply_all() -> dict[str, str]:
         off = wanted(families)
         if off is not None:
             results[patch.target] = off
-        elif patching.apply(patch):
-            results[patch.target] = "applied"
+        elif patch.target in patching.applied():
+            results[patch.target] = "already applied"
         else:
-            results[patch.target] = patching.check(patch) or "already applied"
+            results[patch.target] = "applied" if patching.apply(patch) else patching.check(patch)
     return results
 
 
