@@ -138,6 +138,14 @@ def test_decode_general_path(emu):
     ref.check_decode(x, 1, lens([30001]), idx, f"wave{emu} general")
 
 
+def test_decode_general_path_huge_min_chunk(emu):
+    """min_chunk far past the row (2**30): the row is one chunk, as with min_chunk = width."""
+    x = logits_of(1, 513, "specials", seed=12)
+    idx = out(1)
+    topk.top_k_per_row_decode_512(x, 1, lens([513]), idx, 3, 1 << 30, register_select=False)
+    ref.check_decode(x, 1, lens([513]), idx, f"wave{emu} general, huge min_chunk")
+
+
 def test_decode_causal(emu):
     """1-D lengths: draft row r % 3 ends 2 - r % 3 columns before the request's length (4997,
     4998, 4999); the largest logits sit in the last three columns, so a wrong end shows. The
@@ -229,6 +237,15 @@ def test_select(emu, kind, k):
     cands = torch.full((1, k), 777, dtype=torch.int32)
     assert topk.select_candidates(x, 1, seq, 8, cands)
     ref.check_select(x, 1, seq, 8, cands, f"wave{emu} select {kind}")
+
+
+def test_select_block_as_large_as_the_bound(emu):
+    """A block size of MAX_WIDTH: one block, the newest, pinned (int32 block arithmetic)."""
+    x = logits_of(1, 16, "randn", seed=11)
+    seq = torch.tensor([16], dtype=torch.int32)
+    cands = torch.full((1, 4), 777, dtype=torch.int32)
+    assert topk.select_candidates(x, 1, seq, topk.MAX_WIDTH, cands)
+    ref.check_select(x, 1, seq, topk.MAX_WIDTH, cands, f"wave{emu} select one huge block")
 
 
 def test_select_one_length_a_request(emu):

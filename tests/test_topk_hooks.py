@@ -171,6 +171,23 @@ def test_public_decode_raises_naming_shapes(calls):
     assert calls == []
 
 
+def test_decode_width_bound_and_general_path_min_chunk(calls):
+    """Rows wider than MAX_WIDTH are declined (the kernels' int32 offsets); the general path
+    hands its kernels a min_chunk of at most the width (one chunk either way), so a huge one
+    cannot overflow a chunk's start."""
+    seq = torch.full((1, 1), 513, dtype=torch.int32)
+    idx = torch.zeros(1, 512, dtype=torch.int32)
+    wide = torch.empty(1, topk.MAX_WIDTH + 1)
+    assert not topk.decode_top_k(wide, 1, seq, idx, 512)
+    with pytest.raises(ValueError, match=f"width <= {topk.MAX_WIDTH}"):
+        topk.top_k_per_row_decode_512(wide, 1, seq, idx)
+    assert calls == []
+    assert topk.decode_top_k(wide[:, :-1], 1, seq, idx, 512)
+    topk.top_k_per_row_decode_512(torch.zeros(1, 513), 1, seq, idx, 3, 1 << 30,
+                                  register_select=False)  # fmt: skip
+    assert calls[-2][0] == "dsv_topk512_chunks_stream" and calls[-2][3][11] == 513
+
+
 def test_candidate_gating(calls):
     logits, next_n, seq, idx = decode_inputs()
     cands = torch.zeros(6, 2048, dtype=torch.int32)
@@ -195,6 +212,7 @@ def test_select_gating(calls):
     assert not topk.select_candidates(logits, 2, seq, 8, cands)  # 2 lengths x 2 < 6 rows
     assert not topk.select_candidates(logits, 3, seq.long(), 8, cands)
     assert not topk.select_candidates(logits, 3, seq, 2, cands)  # 65536 blocks
+    assert not topk.select_candidates(logits, 3, seq, topk.MAX_WIDTH + 1, cands)
     assert not topk.select_candidates(logits, 3, seq, 8, cands[:, ::2])
     assert not topk.select_candidates(logits, 3, seq, 8, cands.long())
     assert not topk.select_candidates(logits, 3, seq, 8, cands[:5])

@@ -59,6 +59,10 @@ MERGE_UNITS = 8
 # over the 8 calls of a 128k step on MI325X; 16 blocks took 294 us).
 MAX_BLOCKS = 8
 MIN_CHUNK = 16384
+# Logits a row, at most: the kernels' int32 offsets (a general-path chunk's start, up to 63
+# chunks of up to a row; a merge unit of 8 chunks; a selection block's end) stay below 2**31.
+# 32M logits (128 MB) a row, 32 times DeepSeek-V4.1's 1M context.
+MAX_WIDTH = 1 << 25
 # Candidate top-k: at most 2048 blocks (LDS hash table) and 16384 columns (registers) a row.
 MAX_CANDIDATE_BLOCKS = 2048
 MAX_CANDIDATE_COLUMNS = CHUNK
@@ -169,7 +173,7 @@ def _is_logits(logits: torch.Tensor) -> bool:
         and logits.dim() == 2
         and logits.device.type == _GPU_TYPE
         and logits.stride(1) == 1
-        and logits.shape[1] < 2**31
+        and logits.shape[1] <= MAX_WIDTH
     )
 
 
@@ -191,7 +195,10 @@ def _shape(t) -> tuple | str:
 
 def _why_not_decode(logits, next_n, seq_lens, indices) -> str | None:
     if not isinstance(logits, torch.Tensor) or not _is_logits(logits):
-        return "logits must be a float32 CUDA tensor [rows, width] with unit column stride"
+        return (
+            f"logits must be a float32 CUDA tensor [rows, width <= {MAX_WIDTH}] with unit "
+            "column stride"
+        )
     if not isinstance(next_n, int) or next_n < 1:
         return f"next_n must be an int >= 1, got {next_n!r}"
     rows = logits.shape[0]
@@ -215,8 +222,9 @@ def _launch_decode(kernels, logits, next_n, seq_lens, indices, register, max_blo
         return True
     if register:
         first, max_chunks, min_chunk = "dsv_topk512_chunks", -(-width // CHUNK), CHUNK
-    else:
+    else:  # a chunk longer than the row is the row: min_chunk past it changes nothing
         first, max_chunks = "dsv_topk512_chunks_stream", max_blocks
+        min_chunk = min(min_chunk, max(width, 1))
     max_chunks = max(max_chunks, 1)
     groups = -(-max_chunks // MERGE_UNITS)  # the first merge's workgroups a row
     slots = rows * CHUNK_SLOTS  # int32 slots a unit of every row
@@ -413,7 +421,7 @@ def select_candidates(logits, next_n, seq_lens, block_size, candidates) -> bool:
         isinstance(next_n, int)
         and next_n >= 1
         and isinstance(block_size, int)
-        and block_size >= 1
+        and 1 <= block_size <= MAX_WIDTH  # a block's end (b * size + size) fits int32
         and isinstance(seq_lens, torch.Tensor)
         and seq_lens.dtype == torch.int32
         and seq_lens.is_contiguous()
