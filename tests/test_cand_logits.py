@@ -396,6 +396,7 @@ def test_hook_takes_the_base_call():
 def test_hook_refuses_and_writes_nothing(name):
     args = hook_args(**REFUSED[name])
     before = {k: v.clone() for k, v in args.items() if isinstance(v, torch.Tensor)}
+    assert cand_logits._hook_takes(**args) is False  # the check itself (the CPU has no top-k)
     assert cand_logits.candidate_logits_top_k(**args) is False
     for k, v in before.items():
         as_bytes = lambda t: t.contiguous().view(torch.uint8)

@@ -494,6 +494,19 @@ def test_draft_logits_cache_wider_than_the_vocabulary_is_taken():
     assert (out["cache"][..., 300:] == 3.0).all()
 
 
+def test_scratch_is_one_set_a_speculator_shape(monkeypatch):
+    """Speculators of other max_num_reqs (or steps) get their own buffers, each as large as
+    theirs; the same shape shares them, so a graph keeps their addresses."""
+    monkeypatch.setattr(F, "_buffers", {})
+    cpu = torch.device("cpu")
+    four, _ = _base_case(seed=69, max_num_reqs=4)
+    eight, _ = _base_case(seed=69, max_num_reqs=8)
+    assert F._scratch(four, cpu, 300)["win"].shape == (four.num_speculative_steps, 4)
+    assert F._scratch(eight, cpu, 300)["win"].shape == (eight.num_speculative_steps, 8)
+    again, _ = _base_case(seed=70, max_num_reqs=4)
+    assert F._scratch(again, cpu, 300)["win"] is F._scratch(four, cpu, 300)["win"]
+
+
 def test_capture_needs_the_scratch_allocated_before(monkeypatch):
     """A CUDA graph capture before the speculator's scratch exists is declined (the graph would
     keep addresses of buffers allocated inside it); once allocated, or outside capture, not."""

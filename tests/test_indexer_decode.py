@@ -220,6 +220,19 @@ def test_declining_hooks_leave_vllms_op_at_each_place(vllm_env, monkeypatch, kin
                                 "hook:decode_top_k"]}[kind]  # fmt: skip
 
 
+def test_topk_switch_off_keeps_every_hook_off_on_readers(vllm_env, monkeypatch):
+    """DSV41_GFX942_TOPK=0 turns off the candidate logits too (their top-512 is the HIP
+    compact top-k): a reader runs vLLM's logits, mask and top-k, and gives vLLM's sets."""
+    plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "reader", "mtp_2d")
+    plugin_layer.dsv41_topk = False  # as read from the switch at layer construction
+    install_hooks(monkeypatch, vllm_env, take=True)
+    run(vllm_env, oracle_layer, meta, q, n, plugin=False)
+    vllm_env.calls.clear()
+    run(vllm_env, plugin_layer, meta, q, n)
+    assert vllm_env.calls == ["vllm:logits", "vllm:mask", "vllm:topk"]
+    assert torch.equal(plugin_layer.topk_indices_buffer, oracle_layer.topk_indices_buffer)
+
+
 def test_candidate_logits_declined_where_vllm_takes_its_torch_logits(vllm_env, monkeypatch):
     """Without AITER's paged-MQA logits module vLLM computes the dense logits with its torch
     reference, which the candidate logits do not mirror: the hook is told so and declines, and
@@ -284,7 +297,7 @@ def test_padded_rows_are_never_fill_skipped(vllm_env, monkeypatch):
                                                                n_dec).decode) is False  # fmt: skip
 
 
-@pytest.mark.parametrize("why", ["prefill", "profile", "own_k"])
+@pytest.mark.parametrize("why", ["prefill", "profile", "own_k", "aiter_off"])
 def test_other_steps_run_vllms_op(vllm_env, monkeypatch, why):
     seq, decode_lens, padded, n_dec, q = make_step("mtp_2d")
     layer = make_layer(vllm_env, "plain", n_dec)
@@ -299,13 +312,17 @@ def test_other_steps_run_vllms_op(vllm_env, monkeypatch, why):
         layer.skip_k_cache_insert = False
     if why == "profile":
         meta = None
+    if why == "aiter_off":
+        monkeypatch.setattr(indexer, "_aiter_enabled", lambda: False)
     run(vllm_env, layer, meta, q, n_dec)
     assert ops == [layer.k_cache.prefix]
     assert not any(c.startswith("hook:") for c in vllm_env.calls)
     reasons = counters.stats()["indexer_decode"]["reasons"]
-    assert list(reasons) == [{"prefill": "prefill or mixed step",
-                              "profile": "no indexer metadata (profile or dummy run)",
-                              "own_k": "layer writes its own K cache"}[why]]  # fmt: skip
+    want = {"prefill": "prefill or mixed step",
+            "profile": "no indexer metadata (profile or dummy run)",
+            "own_k": "layer writes its own K cache",
+            "aiter_off": "AITER is off (VLLM_ROCM_USE_AITER=0)"}[why]  # fmt: skip
+    assert list(reasons) == [want]
 
 
 def test_full_graph_choices_do_not_depend_on_lengths(vllm_env, monkeypatch):

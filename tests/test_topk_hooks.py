@@ -112,6 +112,10 @@ def test_decode_unaligned_rows_take_general_path(calls, cut):
         "no_scratch",
         "lens_none",
         "idx_none",
+        "lens_other_device",
+        "idx_other_device",
+        "lens_3d",
+        "next_n_float",
     ],
 )
 def test_decode_refuses(calls, change, monkeypatch):
@@ -149,11 +153,26 @@ def test_decode_refuses(calls, change, monkeypatch):
         seq = None
     elif change == "idx_none":
         idx = None
+    elif change == "lens_other_device":
+        seq = torch.empty(seq.shape, dtype=torch.int32, device="meta")
+    elif change == "idx_other_device":
+        idx = torch.empty(idx.shape, dtype=torch.int32, device="meta")
+    elif change == "lens_3d":
+        seq = seq.view(6, 1, 1)
+    elif change == "next_n_float":
+        next_n = 1.0
     elif change == "no_scratch":  # during graph capture the scratch cannot grow
         monkeypatch.setattr(topk._scratch, "get", lambda device, numel: None)
     assert topk.decode_top_k(logits, next_n, seq, idx, topk_tokens) is False
     assert calls == []
-    assert idx is None or bool((idx == 7).all())
+    assert idx is None or idx.is_meta or bool((idx == 7).all())
+
+
+def test_decode_zero_rows_is_done_without_a_launch(calls):
+    logits, next_n, seq, idx = decode_inputs(rows=0)
+    assert topk.decode_top_k(logits, next_n, seq, idx, 512) is True
+    topk.top_k_per_row_decode_512(logits, next_n, seq, idx)
+    assert calls == []
 
 
 def test_public_decode_raises_naming_shapes(calls):
@@ -168,6 +187,8 @@ def test_public_decode_raises_naming_shapes(calls):
         topk.top_k_per_row_decode_512(logits, next_n, seq, [0] * 512)
     with pytest.raises(ValueError, match="max_blocks"):
         topk.top_k_per_row_decode_512(logits, next_n, seq, idx, 65, register_select=False)
+    with pytest.raises(ValueError, match="min_chunk"):
+        topk.top_k_per_row_decode_512(logits, next_n, seq, idx, 8, 0, register_select=False)
     assert calls == []
 
 
@@ -200,6 +221,8 @@ def test_candidate_gating(calls):
     assert not topk.candidate_top_k(logits, next_n, seq, cands[:, :0], 8, idx, 512)
     assert not topk.candidate_top_k(logits, next_n, seq, cands.flatten(), 8, idx, 512)
     assert not topk.candidate_top_k(logits, next_n, seq, None, 8, idx, 512)
+    assert not topk.candidate_top_k(logits, next_n, seq, cands, 0, idx, 512)
+    assert not topk.candidate_top_k(logits, next_n, seq, cands.to("meta"), 8, idx, 512)
     assert calls == []
     assert topk.candidate_top_k(logits, next_n, seq, cands, 8, idx, 512)
     assert [c[0] for c in calls] == ["dsv_topk512_candidates"]
@@ -213,6 +236,8 @@ def test_select_gating(calls):
     assert not topk.select_candidates(logits, 3, seq.long(), 8, cands)
     assert not topk.select_candidates(logits, 3, seq, 2, cands)  # 65536 blocks
     assert not topk.select_candidates(logits, 3, seq, topk.MAX_WIDTH + 1, cands)
+    assert not topk.select_candidates(logits, 3, torch.full((2, 2), 9, dtype=torch.int32)[:, :1],
+                                      8, cands)  # fmt: skip
     assert not topk.select_candidates(logits, 3, seq, 8, cands[:, ::2])
     assert not topk.select_candidates(logits, 3, seq, 8, cands.long())
     assert not topk.select_candidates(logits, 3, seq, 8, cands[:5])
@@ -238,6 +263,7 @@ def test_compact_gating(calls):
                                       seq, 1, idx)  # fmt: skip
     assert not topk.compact_top_k_512(logits, ids, seq, 0, idx)
     assert not topk.compact_top_k_512(logits[:, :0], ids[:, :0], seq, 1, idx)  # no entry to read
+    assert not topk.compact_top_k_512(logits, ids.to("meta"), seq, 1, idx)
     assert calls == []
     assert topk.compact_top_k_512(logits, ids, seq, 1, idx)
     assert [c[0] for c in calls] == ["dsv_topk512_compact"]
