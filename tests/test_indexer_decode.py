@@ -220,19 +220,6 @@ def test_declining_hooks_leave_vllms_op_at_each_place(vllm_env, monkeypatch, kin
                                 "hook:decode_top_k"]}[kind]  # fmt: skip
 
 
-def test_topk_switch_off_keeps_every_hook_off_on_readers(vllm_env, monkeypatch):
-    """DSV41_GFX942_TOPK=0 turns off the candidate logits too (their top-512 is the HIP
-    compact top-k): a reader runs vLLM's logits, mask and top-k, and gives vLLM's sets."""
-    plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "reader", "mtp_2d")
-    plugin_layer.dsv41_topk = False  # as read from the switch at layer construction
-    install_hooks(monkeypatch, vllm_env, take=True)
-    run(vllm_env, oracle_layer, meta, q, n, plugin=False)
-    vllm_env.calls.clear()
-    run(vllm_env, plugin_layer, meta, q, n)
-    assert vllm_env.calls == ["vllm:logits", "vllm:mask", "vllm:topk"]
-    assert torch.equal(plugin_layer.topk_indices_buffer, oracle_layer.topk_indices_buffer)
-
-
 def test_candidate_logits_declined_where_vllm_takes_its_torch_logits(vllm_env, monkeypatch):
     """Without AITER's paged-MQA logits module vLLM computes the dense logits with its torch
     reference, which the candidate logits do not mirror: the hook is told so and declines, and
@@ -343,14 +330,18 @@ def test_full_graph_choices_do_not_depend_on_lengths(vllm_env, monkeypatch):
     assert paths[0] == paths[1]
 
 
-def test_switched_off_family_keeps_vllms_ops(vllm_env, monkeypatch):
+@pytest.mark.parametrize("kind", ["writer", "reader"])
+def test_switched_off_family_keeps_vllms_ops(vllm_env, monkeypatch, kind):
+    """DSV41_GFX942_TOPK=0: vLLM's ops everywhere, the candidate logits too on readers (their
+    top-512 is the HIP compact top-k), and vLLM's sets."""
     monkeypatch.setenv("DSV41_GFX942_TOPK", "0")
-    plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "writer", "mtp_2d")
+    plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, kind, "mtp_2d")
     install_hooks(monkeypatch, vllm_env, take=True)
     run(vllm_env, oracle_layer, meta, q, n, plugin=False)
     vllm_env.calls.clear()
     run(vllm_env, plugin_layer, meta, q, n)
-    assert vllm_env.calls == ["vllm:logits", "vllm:select", "vllm:topk"]
+    middle = "vllm:select" if kind == "writer" else "vllm:mask"
+    assert vllm_env.calls == ["vllm:logits", middle, "vllm:topk"]
     assert torch.equal(plugin_layer.topk_indices_buffer, oracle_layer.topk_indices_buffer)
 
 
