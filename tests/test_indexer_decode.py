@@ -213,6 +213,8 @@ def test_declining_hooks_leave_vllms_op_at_each_place(vllm_env, monkeypatch, kin
     run(vllm_env, plugin_layer, meta, q, n)
     assert torch.equal(plugin_layer.topk_indices_buffer, oracle_layer.topk_indices_buffer)
     assert [c for c in vllm_env.calls if c.startswith("vllm:")] == oracle_calls
+    declined = {"taken": 0, "declined": 1, "reasons": {"declined by the hook": 1}}
+    assert counters.stats()["decode_top_k"] == declined
     hooks = [c for c in vllm_env.calls if c.startswith("hook:")]
     assert hooks == {"plain": ["hook:decode_top_k"],
                      "writer": ["hook:select_candidates", "hook:decode_top_k"],

@@ -91,6 +91,7 @@ def test_vllm_loop_when_fused_declines(calls):
     patched = make_sample_sequential(_original(calls))
     patched(_Spec(), 4, None)
     assert calls.log == ["fused", "vllm"]
+    assert dsv41_gfx942_plugin.stats()["fused_markov"]["reasons"] == {"fused path declined": 1}
 
 
 def test_switch_off_skips_fused(calls, monkeypatch):

@@ -305,6 +305,21 @@ def test_build_failure_warns_once_and_hooks_refuse(monkeypatch, plugin_log):
     assert bool((idx == 7).all())
 
 
+def test_no_load_inside_graph_capture(monkeypatch):
+    """build() never loads the code object during stream capture (a module load there would
+    break the capture) and remembers nothing, so a later call outside it loads."""
+    loads = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.setattr(topk, "_modules", {})
+    monkeypatch.setattr(_launcher, "load", lambda *a: loads.append(a) or object())
+    assert topk.build() is False
+    assert loads == [] and topk._modules == {}
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    assert topk.build() is True and len(loads) == 1
+
+
 def test_reference_check_can_fail():
     """The GPU tests' comparison rejects a wrong set and accepts ties at the cut."""
     x = torch.randn(1, 4096)
