@@ -64,8 +64,9 @@ def test_decode_rows_narrower_than_a_float4_take_the_general_path(calls, width):
     assert calls[0][0] == want
 
 
-def test_decode_wide_rows(calls):
-    logits, next_n, seq, idx = decode_inputs(rows=2, width=(1 << 20) - 8)
+@pytest.mark.parametrize("width", [(1 << 20) - 8, 1 << 20])  # up to 64 chunks exactly
+def test_decode_wide_rows(calls, width):
+    logits, next_n, seq, idx = decode_inputs(rows=2, width=width)
     assert topk.decode_top_k(logits, next_n, seq, idx, 512)
     merge = "dsv_topk512_merge_final"
     assert [c[0] for c in calls] == ["dsv_topk512_chunks", "dsv_topk512_merge", merge]
@@ -250,6 +251,7 @@ def test_select_gating(calls):
     assert calls[0][0] == "dsv_select_blocks" and calls[0][3][4] == 3  # one length a request
     assert topk.select_candidates(logits, 3, torch.full((6, 1), 9, dtype=torch.int32), 8, cands)
     assert calls[1][3][4] == 1  # one length a row
+    assert topk.select_candidates(torch.zeros(6, 262144), 3, seq, 8, cands)  # 32768 blocks
 
 
 def test_compact_gating(calls):
