@@ -179,21 +179,13 @@ def decode_step(layer, meta, num_tokens: int, q_fp8, weights) -> torch.Tensor:
     cands = layer.candidate_blocks
     reader = cands is not None and not layer.candidate_write
 
-    # vLLM's rocm_fp8_paged_mqa_logits takes AITER's gfx942 kernel only for these pages and
-    # compress ratios, and only when AITER's paged-MQA logits module imports with that API
-    # (else its torch reference): the candidate logits mirror that kernel alone.
-    dense_is_aiter_gluon = (
-        kv_cache.shape[1] > 1
-        and not _vllm_rocm._indexer_k_is_c4a_block_flat(layer.compress_ratio)
-        and _vllm_rocm.paged_mqa_logits_module() is not None
-    )
     done = reader and _hook(
         "candidate_logits_top_k",
         on and layer.dsv41_cand_logits,
         lambda: topk.candidate_logits_top_k(
             q, kv_cache, weights, decode.seq_lens, decode.block_table, cands,
-            layer.candidate_block_size, out, layer.topk_tokens, dense_is_aiter_gluon,
-            decode.requires_padding,
+            layer.candidate_block_size, out, layer.topk_tokens,
+            _dense_is_aiter_gluon(kv_cache, layer.compress_ratio), decode.requires_padding,
         ),
     )  # fmt: skip
     if not done:
@@ -212,6 +204,18 @@ def decode_step(layer, meta, num_tokens: int, q_fp8, weights) -> torch.Tensor:
         )
         buf[:n_dec, : unpacked.shape[-1]] = unpacked
     return buf
+
+
+def _dense_is_aiter_gluon(kv_cache, compress_ratio) -> bool:
+    """Whether vLLM's ``rocm_fp8_paged_mqa_logits`` would take AITER's gfx942 kernel, the one
+    the candidate logits mirror: pages of more than one key, a compress ratio other than C4A's,
+    and AITER's paged-MQA logits module importable with that API (else its torch reference).
+    Asked only where the candidate-logits hook runs (reader layers, the hook on)."""
+    return (
+        kv_cache.shape[1] > 1
+        and not _vllm_rocm._indexer_k_is_c4a_block_flat(compress_ratio)
+        and _vllm_rocm.paged_mqa_logits_module() is not None
+    )
 
 
 def _candidates(layer, logits, next_n: int, seq_lens, out, on: bool) -> bool:
