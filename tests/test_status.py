@@ -9,10 +9,14 @@ import sys
 from dsv41_gfx942_plugin import patches
 
 
+def _status_command(**env) -> subprocess.CompletedProcess:
+    """``python -m dsv41_gfx942_plugin`` in a child process with ``env`` added."""
+    return subprocess.run([sys.executable, "-m", "dsv41_gfx942_plugin"], capture_output=True,
+                          text=True, env=dict(os.environ, **env), timeout=300)  # fmt: skip
+
+
 def test_status_command_reports_everything():
-    env = dict(os.environ, DSV41_GFX942_TOPK="0")
-    proc = subprocess.run([sys.executable, "-m", "dsv41_gfx942_plugin"], capture_output=True,
-                          text=True, env=env, timeout=300)  # fmt: skip
+    proc = _status_command(DSV41_GFX942_TOPK="0")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     for section in ("Versions", "Platform", "Patches", "Code objects", "Settings", "Hook counters"):
@@ -28,9 +32,7 @@ def test_status_command_reports_everything():
 def test_status_command_honours_vllms_plugin_allowlist():
     """VLLM_PLUGINS without the plugin's name: vLLM never calls register(), and the status
     command says so rather than judging the platform."""
-    env = dict(os.environ, VLLM_PLUGINS="some_other_plugin")
-    proc = subprocess.run([sys.executable, "-m", "dsv41_gfx942_plugin"], capture_output=True,
-                          text=True, env=env, timeout=300)  # fmt: skip
+    proc = _status_command(VLLM_PLUGINS="some_other_plugin")
     assert proc.returncode == 0, proc.stderr
     assert ("plugin in a vLLM process here: inactive: VLLM_PLUGINS='some_other_plugin' does not "
             "list dsv41_gfx942") in proc.stdout  # fmt: skip

@@ -207,7 +207,8 @@ def test_decode_width_bound_and_general_path_min_chunk(calls):
     assert topk.decode_top_k(wide[:, :-1], 1, seq, idx, 512)
     topk.top_k_per_row_decode_512(torch.zeros(1, 513), 1, seq, idx, 3, 1 << 30,
                                   register_select=False)  # fmt: skip
-    assert calls[-2][0] == "dsv_topk512_chunks_stream" and calls[-2][3][11] == 513
+    stream = calls[-2]  # its arguments: the row's 8, the scratch's 2, max_chunks, min_chunk
+    assert stream[0] == "dsv_topk512_chunks_stream" and stream[3][11] == 513
 
 
 def test_candidate_gating(calls):
