@@ -44,6 +44,19 @@ class BuildError(RuntimeError):
     """A required code object could not be built."""
 
 
+def _required() -> bool:
+    """``DSV41_GFX942_REQUIRE_HIP`` as the plugin's booleans read (``1/true/yes/on``,
+    ``0/false/no/off``, unset or blank: off). Anything else fails the build rather than turning
+    the requirement off: a release build that meant to require the compiler must not ship a
+    wheel without code objects."""
+    raw = os.environ.get(REQUIRE_ENV, "").strip().lower()
+    if raw in ("", "0", "false", "no", "off"):
+        return False
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    raise BuildError(f"{REQUIRE_ENV}={os.environ[REQUIRE_ENV]!r} is not a boolean (1 or 0)")
+
+
 def _log(msg: str) -> None:
     print(f"[dsv41-gfx942 build] {msg}", file=sys.stderr)
 
@@ -216,7 +229,7 @@ def build_package(package_dir: Path, require: bool | None = None) -> dict:
     """The wheel build's step: shipped code objects into ``package_dir/_kernels`` plus
     ``package_dir/_build_info.py``. Returns the recorded build info."""
     if require is None:
-        require = os.environ.get(REQUIRE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+        require = _required()
     # The package ships exactly what this build compiles: not a code object an earlier build
     # left in the build folder, nor one copied from the source tree (an sm_90 test build there).
     for stale in (package_dir / "_kernels").glob("*.co"):

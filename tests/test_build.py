@@ -49,6 +49,21 @@ def test_missing_compiler_is_fine_unless_required(tmp_path, monkeypatch, one_ker
         one_kernel.build("gfx942", tmp_path / "out", require=True)
 
 
+@pytest.mark.parametrize(
+    "raw,required", [("", False), (" ", False), ("0", False), ("off", False), ("1", True),
+                     (" Yes ", True), ("2", None), ("required", None)],
+)  # fmt: skip
+def test_require_variable(raw, required, monkeypatch, hip_build):
+    """The build's switch reads as the plugin's booleans; a value it cannot read fails the
+    build instead of silently not requiring the compiler."""
+    monkeypatch.setenv(hip_build.REQUIRE_ENV, raw)
+    if required is None:
+        with pytest.raises(hip_build.BuildError, match=f"REQUIRE_HIP={raw!r} is not a boolean"):
+            hip_build._required()
+    else:
+        assert hip_build._required() is required
+
+
 def test_unknown_arch_is_refused(tmp_path, hip_build):
     with pytest.raises(ValueError, match="gfx90a"):
         hip_build.build("gfx90a", tmp_path)
