@@ -7,11 +7,12 @@ gfx942, so on NVIDIA nothing would launch it; tests build it with ``python hip/b
 sm_90`` into the same folder.
 
 It is loaded through the GPU runtime torch already has in the process: on ROCm the
-``libamdhip64`` mapped in this process (found in ``/proc/self/maps``, else under torch's lib
-folder), with ``hipModuleLoadData`` / ``hipModuleGetFunction`` / ``hipModuleLaunchKernel``; on
-NVIDIA libcuda's ``cuModuleLoadData`` / ``cuModuleGetFunction`` / ``cuLaunchKernel``. Nothing
-here links to torch's C++ ABI or needs a compiler, so one wheel serves any torch and ROCm that
-vLLM runs on.
+``libamdhip64`` that torch's own HIP calls bind to (the copy a symbol resolves to from
+torch's ``libc10_hip``, found in ``/proc/self/maps``; else under torch's lib folder), with
+``hipModuleLoadData`` / ``hipModuleGetFunction`` / ``hipModuleLaunchKernel``; on NVIDIA
+libcuda's ``cuModuleLoadData`` / ``cuModuleGetFunction`` / ``cuLaunchKernel``. Nothing here
+links to torch's C++ ABI or needs a compiler, so one wheel serves any torch and ROCm that vLLM
+runs on.
 
 A launch packs its arguments with one ``struct.pack_into`` into a buffer laid out as the
 kernel's C parameters (the layout is checked against the code object's metadata in
@@ -64,6 +65,30 @@ def code_object_arch(device: torch.device | int | None = None) -> str | None:
     return f"sm_{props.major}{props.minor}"
 
 
+def _file_maps() -> list[tuple[int, int, str]]:
+    """(start, end, path) of each file this process has mapped, from ``/proc/self/maps``."""
+    try:
+        with open("/proc/self/maps") as maps:
+            rows = [line.split() for line in maps]
+    except OSError:
+        return []
+    return [
+        (int(r[0].split("-")[0], 16), int(r[0].split("-")[1], 16), r[5])
+        for r in rows
+        if len(r) >= 6 and r[5].startswith("/")
+    ]
+
+
+def _providing(user: str, symbol: str, maps: list[tuple[int, int, str]]) -> str | None:
+    """The mapped file that ``symbol`` resolves to from library ``user`` (already loaded):
+    dlsym on its handle searches it and then its own dependencies, as its calls bind."""
+    try:
+        address = ctypes.cast(getattr(ctypes.CDLL(user), symbol), ctypes.c_void_p).value
+    except (OSError, AttributeError):
+        return None
+    return next((path for lo, hi, path in maps if lo <= address < hi), None)
+
+
 class _Runtime:
     """The module API of the GPU runtime torch uses (HIP or the CUDA driver)."""
 
@@ -90,15 +115,18 @@ class _Runtime:
 
     @staticmethod
     def _mapped_hip() -> str:
-        """The libamdhip64 this process has loaded (torch's), not another copy found by name."""
-        try:
-            with open("/proc/self/maps") as maps:
-                for line in maps:
-                    path = line.split()[-1]
-                    if "libamdhip64.so" in os.path.basename(path):
-                        return path
-        except OSError:
-            pass
+        """The libamdhip64 torch's HIP calls go to: the one that resolves a HIP symbol from
+        torch's ``libc10_hip`` (where another copy is also mapped, say one that a ROCm
+        extension linked, the first copy in the process need not be torch's). Else the first
+        libamdhip64 mapped, else the one under torch's lib folder."""
+        maps = _file_maps()
+        named = [path for _, _, path in maps if os.path.basename(path).startswith("libamdhip64.")]
+        user = next((p for _, _, p in maps if os.path.basename(p).startswith("libc10_hip.")), None)
+        bound = user and _providing(user, "hipModuleLaunchKernel", maps)
+        if bound in named:
+            return bound
+        if named:
+            return named[0]
         lib_dir = Path(torch.__file__).parent / "lib"
         for path in sorted(lib_dir.glob("libamdhip64.so*")):
             return str(path)
