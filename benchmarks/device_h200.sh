@@ -2,6 +2,7 @@
 # GPU tests and benchmarks on a lent NVIDIA H200 (torch and Triton there, no vLLM, no pip index).
 #   bash benchmarks/device_h200.sh prepare   # here, once: vLLM's .py files + wheels into .carry/
 #   bash benchmarks/device_h200.sh run       # there (carry .carry): build sm_90, test, bench
+#   bash benchmarks/device_h200.sh sanitize  # there: the top-k kernels under compute-sanitizer
 # "run" writes every log and JSON under $OUT (or ./h200-out). vLLM's compiled parts are absent
 # there, so the platform is pinned to UnspecifiedPlatform before vLLM resolves it
 # (.carry/site/sitecustomize.py); see ../shared/docs/vllm-0.33-integration.md.
@@ -37,16 +38,21 @@ PY
   du -sh "$CARRY"
 }
 
-run() {
-  local out=${OUT:-h200-out}
+setup() {
+  out=${OUT:-h200-out}
   mkdir -p "$out" /tmp/vsite
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
     "$CARRY"/vwhl/*.whl > "$out/pip.txt" 2>&1
   tar xzf "$CARRY/vllm_py.tar.gz" -C /tmp/vsite
   export PYTHONPATH=/tmp/vsite:/tmp/site:$CARRY/site:src:tests PYTHONUNBUFFERED=1
   python3 hip/build.py --arch sm_90 --out src/dsv41_gfx942_plugin/_kernels > "$out/build.txt" 2>&1
-  local t="python3 -m pytest -q -p no:cacheprovider -rf -m gpu"
-  timeout 240 $t tests/test_topk_gpu.py tests/test_indexer_gpu.py > "$out/t_indexer.txt" 2>&1
+  t="python3 -m pytest -q -p no:cacheprovider -rf -m gpu"
+}
+
+run() {
+  setup
+  timeout 240 $t tests/test_topk_gpu.py tests/test_indexer_gpu.py -k "not sanitizer" \
+    > "$out/t_indexer.txt" 2>&1
   # About 82 s on the H200 (the memcheck test 42 s of it); 420 s leaves room for compiles.
   timeout 420 $t --noconftest tests/test_fused_markov_gpu.py tests/test_cand_logits.py \
     > "$out/t_triton.txt" 2>&1
@@ -60,8 +66,16 @@ run() {
   tail -n 3 "$out"/t_*.txt; cat "$out"/bench_*.txt
 }
 
+# Apart from "run", whose 340 s leave no room for it in one 600 s device call.
+sanitize() {
+  setup
+  timeout 580 $t tests/test_topk_gpu.py -k sanitizer --durations=0 > "$out/t_sanitizer.txt" 2>&1
+  tail -n 20 "$out/t_sanitizer.txt"
+}
+
 case "${1:-}" in
   prepare) prepare ;;
   run) run ;;
-  *) echo "usage: $0 prepare|run" >&2; exit 2 ;;
+  sanitize) sanitize ;;
+  *) echo "usage: $0 prepare|run|sanitize" >&2; exit 2 ;;
 esac

@@ -4,6 +4,11 @@ and CUDA-graph capture and replay with changed lengths."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -276,3 +281,68 @@ def test_hooks_refuse_without_writing():
     assert not topk.select_candidates(logits, 1, seq.float(), 8, cands)
     torch.cuda.synchronize()
     assert bool((idx == 12345).all()) and bool((cands == 0).all())
+
+
+def sanitized_calls():
+    """Every kernel's paths on small adversarial rows, each answer checked: the calls that
+    ``test_kernels_pass_sanitizer`` runs under compute-sanitizer (a few seconds unsanitized)."""
+    dec = [
+        (6, 40000, "randn", True),  # register chunks, one merge level
+        (2, 1 << 20, "cluster", True),  # 64 chunks: two merge levels, the superset cut
+        (4, 70001, "equal", True),  # the listed tie path
+        (4, 50000, "specials", True),
+        (3, 40000, "sparse_finite", True),  # masked chunks' top-two floor
+        (5, 300001, "masked", False),  # the general path
+        (3, 1000, "ties", False),
+    ]
+    for rows, width, kind, register in dec:
+        logits = make_logits(rows, width, kind, seed=rows)
+        ends = [width] + [width - 1 - 97 * r for r in range(1, rows - 1)] + [511]
+        idx = out_buf(rows)
+        topk.top_k_per_row_decode_512(logits, 1, lens_2d(ends), idx, register_select=register)
+        ref.check_decode(logits, 1, lens_2d(ends), idx, f"sanitized {kind} {rows}x{width}")
+    width, bs = 131072, 8
+    for kind, dup in (("randn", True), ("ties", False), ("all_ninf", False)):
+        logits = make_logits(6, width, kind, seed=3)
+        cands = random_candidates(6, 2048, width // bs, seed=4, dup=dup)
+        seq = lens_2d([width, 131000, 70000, 5000, 600, 300])
+        idx = out_buf(6)
+        assert topk.candidate_top_k(logits, 1, seq, cands, bs, idx, 512)
+        ref.check_candidates(logits, 1, seq, cands, bs, idx, f"sanitized cand {kind}")
+        sel = torch.full((6, 2048), 777, dtype=torch.int32, device=DEV)
+        assert topk.select_candidates(logits, 1, seq.view(-1), bs, sel)
+        ref.check_select(logits, 1, seq.view(-1), bs, sel, f"sanitized select {kind}")
+    compact = make_logits(3, 16384, "ties", seed=5)
+    ids = torch.arange(3 * 16384, device=DEV, dtype=torch.int32).view(3, 16384)
+    ids[1, 600:] = -1
+    compact.masked_fill_(ids < 0, NEG)
+    seq = lens_2d([10**6, 10**6, 512])
+    idx = out_buf(3)
+    assert topk.compact_top_k_512(compact, ids, seq, 1, idx)
+    ref.check_compact(compact, ids, 1, seq, idx, "sanitized compact")
+    torch.cuda.synchronize()
+
+
+_SANITIZER = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
+
+
+@pytest.mark.skipif(
+    torch.version.hip is not None or not os.access(_SANITIZER, os.X_OK),
+    reason="needs NVIDIA's compute-sanitizer",
+)
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
+def test_kernels_pass_sanitizer(tool):
+    """``sanitized_calls`` under compute-sanitizer: no access outside an allocation (memcheck,
+    torch's caching allocator off so that a tensor's end is an allocation's), no shared-memory
+    race between threads (racecheck: the LDS lists, histograms and bitmaps between barriers),
+    no barrier a thread of the workgroup skips (synccheck). The sm_90 build of the gfx942
+    source; a race here would be one there too, whatever the wave width."""
+    tests_dir = os.path.dirname(__file__)
+    env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")
+    env["PYTHONPATH"] = os.pathsep.join([tests_dir, env.get("PYTHONPATH", "")])
+    script = "import test_topk_gpu as T; T.sanitized_calls()"
+    cmd = [_SANITIZER, "--tool", tool, "--error-exitcode", "3", sys.executable, "-c", script]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0 and "ERROR SUMMARY: 0 errors" in done.stdout, (
+        done.stdout[-3000:] + done.stderr[-3000:]
+    )
