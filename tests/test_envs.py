@@ -12,11 +12,21 @@ from dsv41_gfx942_plugin import envs
 @pytest.mark.parametrize(
     ("raw", "value"),
     [("1", True), ("TRUE", True), (" yes ", True), ("on", True), ("0", False),
-     ("false", False), ("No", False), ("off", False), ("", True)],
+     ("false", False), ("No", False), ("off", False)],
 )  # fmt: skip
 def test_bool_parsing(monkeypatch, raw, value):
     monkeypatch.setenv("DSV41_GFX942_TOPK", raw)
     assert envs.get_bool("DSV41_GFX942_TOPK") is value
+
+
+@pytest.mark.parametrize("name", sorted(envs.VARIABLES))
+def test_blank_value_is_unset(clean_plugin, monkeypatch, plugin_log, name):
+    """A blank value (``VAR=`` in a launch script) means the default, without a warning."""
+    monkeypatch.setattr(envs, "_warned", set())
+    for raw in ("", "  "):
+        monkeypatch.setenv(name, raw)
+        assert envs.get_bool(name) is envs.VARIABLES[name].default
+    assert not [r for r in plugin_log.records if r.levelno == logging.WARNING]
 
 
 def test_defaults(clean_plugin):

@@ -17,12 +17,17 @@ def _owner(patch):
     return patching.resolve(f"{patch.module}:{patch.owner}")
 
 
+#: The INFO line of register() when only the indexer patch landed.
+_ACTIVE_INDEXER_ONLY = "dsv41_gfx942 plugin active on gfx942: patched DeepseekV4Indexer.attn_cls"
+
+
 def _infos(log):
     return [r.getMessage() for r in log.records if r.levelno == logging.INFO]
 
 
 def test_inactive_on_this_machine(clean_plugin, plugin_log, targets):
     clean_plugin.register()
+    clean_plugin.register()  # a second call in the process logs nothing more
     assert clean_plugin.status().startswith("inactive: platform is")
     assert patching.applied() == {}
     for patch, _ in patches.PATCHES:
@@ -82,10 +87,12 @@ def test_active_patches_land_on_real_vllm(clean_plugin, fake_platform, plugin_lo
     assert DSparkSpeculator._sample_sequential.__wrapped__ is targets[SAMPLER]
     assert any("active on gfx942" in m for m in _infos(plugin_log))
 
-    # A second register() in the same process changes nothing.
+    # A second register() in the same process changes nothing and logs nothing.
     before = {t: a.replacement for t, a in patching.applied().items()}
+    infos = _infos(plugin_log)
     clean_plugin.register()
     assert {t: a.replacement for t, a in patching.applied().items()} == before
+    assert _infos(plugin_log) == infos
     assert patches.apply_all() == {INDEXER: "already applied", SAMPLER: "already applied"}
 
     # Undo restores vLLM's originals exactly.
@@ -94,13 +101,14 @@ def test_active_patches_land_on_real_vllm(clean_plugin, fake_platform, plugin_lo
     assert vars(DSparkSpeculator)["_sample_sequential"] is targets[SAMPLER]
 
 
-def test_hook_family_switches(clean_plugin, fake_platform, monkeypatch):
+def test_hook_family_switches(clean_plugin, fake_platform, monkeypatch, plugin_log):
     monkeypatch.setenv("DSV41_GFX942_FUSED_MARKOV", "0")
     monkeypatch.setenv("DSV41_GFX942_TOPK", "off")
     clean_plugin.register()
     # The indexer patch stays while the candidate-logits family is on.
     assert set(patching.applied()) == {INDEXER}
     assert patches.check_all()[SAMPLER] == "turned off by DSV41_GFX942_FUSED_MARKOV=0"
+    assert _ACTIVE_INDEXER_ONLY in _infos(plugin_log)  # the switched-off patch is not named
 
 
 def test_changed_signature_is_skipped_with_warning(clean_plugin, fake_platform, monkeypatch,
@@ -115,6 +123,7 @@ def test_changed_signature_is_skipped_with_warning(clean_plugin, fake_platform, 
     assert clean_plugin.status() == "active"
     assert set(patching.applied()) == {INDEXER}  # the rest still applies
     assert DSparkSpeculator._sample_sequential is changed
+    assert _ACTIVE_INDEXER_ONLY in _infos(plugin_log)  # the skipped patch is not named
     warnings = [r.getMessage() for r in plugin_log.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and SAMPLER in warnings[0] and "extra" in warnings[0]
 

@@ -9,10 +9,11 @@ import sys
 from dsv41_gfx942_plugin import patches
 
 
-def _status_command(**env) -> subprocess.CompletedProcess:
+def _status_command(stdout=subprocess.PIPE, **env) -> subprocess.CompletedProcess:
     """``python -m dsv41_gfx942_plugin`` in a child process with ``env`` added."""
-    return subprocess.run([sys.executable, "-m", "dsv41_gfx942_plugin"], capture_output=True,
-                          text=True, env=dict(os.environ, **env), timeout=300)  # fmt: skip
+    return subprocess.run([sys.executable, "-m", "dsv41_gfx942_plugin"], stdout=stdout,
+                          stderr=subprocess.PIPE, text=True, env=dict(os.environ, **env),
+                          timeout=300)  # fmt: skip
 
 
 def test_status_command_reports_everything():
@@ -36,3 +37,16 @@ def test_status_command_honours_vllms_plugin_allowlist():
     assert proc.returncode == 0, proc.stderr
     assert ("plugin in a vLLM process here: inactive: VLLM_PLUGINS='some_other_plugin' does not "
             "list dsv41_gfx942") in proc.stdout  # fmt: skip
+
+
+def test_status_command_survives_a_closed_stdout():
+    """``python -m dsv41_gfx942_plugin | head -1``: the reader leaving early (here before the
+    first write, so every write fails) is not an error of the command."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = _status_command(stdout=write)
+    finally:
+        os.close(write)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr

@@ -8,6 +8,7 @@ built them, and the ``DSV41_GFX942_*`` settings. It never patches anything and e
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -145,4 +146,10 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader left early (`| head`): not this command's failure
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # as the Python docs do
+        code = 0
+    sys.exit(code)
