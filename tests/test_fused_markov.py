@@ -71,6 +71,7 @@ CASES = [
     (1031, 128, 33, 2, True, False, 10),
     (517, 64, 17, 5, False, False, 11),
     (1000, 64, 7, 5, False, True, 12),
+    (600, 64, 20, 3, False, True, 13),  # fp64 past 16 rows: exact noise, two row tiles
 ]
 
 
@@ -81,7 +82,9 @@ def _fresh_logs(monkeypatch):
 
 
 @pytest.mark.parametrize("vocab,rank,rows,steps,greedy,fp64,seed", CASES)
-def test_matches_vllm_loop(vocab, rank, rows, steps, greedy, fp64, seed):
+def test_matches_vllm_loop(vocab, rank, rows, steps, greedy, fp64, seed, monkeypatch):
+    verify = _Spy(K._markov_verify_kernel)
+    monkeypatch.setattr(K, "_markov_verify_kernel", verify)
     spec, hidden = R.make_case(
         vocab=vocab, rank=rank, rows=rows, n_spec=steps, greedy=greedy, fp64=fp64, seed=seed
     )
@@ -91,6 +94,9 @@ def test_matches_vllm_loop(vocab, rank, rows, steps, greedy, fp64, seed):
         spec, rows, R.model_base(spec, rows, hidden), R.model_bias_fn(spec), ref, out
     )
     assert stats.tokens_equal == stats.tokens  # only a last-bit bias difference could split them
+    # Only sampled fp32 drafts past 16 rows take the fast noise and a verify launch a step (the
+    # count is what tells: fp64 sent there would give the same tokens, as it ignores the keys).
+    assert verify.launches == (steps if rows > 16 and not (greedy or fp64) else 0)
 
 
 def test_temperatures_and_inert_rows():
@@ -283,14 +289,16 @@ def test_fast_noise_takes_the_exact_winner():
 
 
 class _Spy:
-    """Stands in for a kernel: records a launch instead of running it."""
+    """Stands in for a kernel: records a launch instead of running it (or then runs ``kernel``)."""
 
-    def __init__(self):
-        self.launches = 0
+    def __init__(self, kernel=None):
+        self.launches, self.kernel = 0, kernel
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
             self.launches += 1
+            if self.kernel is not None:
+                self.kernel[grid](*args, **kwargs)
 
         return launch
 
@@ -530,22 +538,52 @@ def test_cpu_without_interpreter(spy, plugin_log, monkeypatch):
     _assert_declines(spec, hidden, 3, reason, spy, plugin_log)
 
 
-def test_base_logits_the_kernel_cannot_take_run_vllms_loop_once(spy):
-    """Base logits strided along the vocabulary: vLLM's loop from those logits, computed once."""
+def _width(n):
+    """Base logits of the vocabulary's width plus ``n`` columns (an LM head's padded output)."""
+    return lambda x: torch.cat([x, x[:, :n]], 1) if n > 0 else x[:, : x.shape[1] + n].contiguous()
+
+
+# (how the base logits are made from the vocabulary's, whether vLLM's add raises, kernel takes)
+BASE_LOGITS = [
+    (lambda x: x.t().contiguous().t(), False, False),  # strided along the vocabulary
+    (_width(-1), True, False),
+    (_width(1), True, False),
+    (_width(20), True, False),  # markov_w2's rows (ParallelLMHead pads 300 to 320)
+    (_width(0), False, True),
+]
+
+
+@pytest.mark.parametrize(
+    "make,raises,kernel", BASE_LOGITS, ids=["strided", "299", "301", "320", "300"]
+)
+def test_base_logits_the_kernel_cannot_take_run_vllms_loop_once(make, raises, kernel, spy):
+    """Base logits strided along the vocabulary, or of another width than the Markov bias
+    (vLLM's add raises): vLLM's loop from those logits, computed once, so the same tokens or
+    the same error; the bias's own width (the other side) is the kernel's."""
     spec, hidden = _base_case(seed=68)
+    assert _w2(spec).shape[0] == 320 and spec.model.logits_processor.org_vocab_size == 300
     calls = []
     compute = spec.model.compute_draft_logits
-    spec.model.compute_draft_logits = lambda h: calls.append(1) or compute(h).t().contiguous().t()
+    spec.model.compute_draft_logits = lambda h: calls.append(1) or make(compute(h))
     start = R.snapshot(spec)
-    R.vllm_sample_sequential()(spec, 3, hidden)
-    ref = R.snapshot(spec)
-    spec.draft_tokens.copy_(start["tokens"])
-    spec.draft_logits.copy_(start["cache"])
-    calls.clear()
-    assert F.sample_sequential(spec, 3, hidden) is True
-    assert calls == [1] and spy.launches == 0
-    assert torch.equal(ref["tokens"], spec.draft_tokens)
-    assert torch.equal(ref["cache"], spec.draft_logits)
+
+    def run(fn):
+        R._restore(spec, start)
+        calls.clear()
+        try:
+            done = fn(spec, 3, hidden)
+        except RuntimeError as e:
+            done = str(e)
+        return done, R.snapshot(spec), calls == [1]
+
+    ref_done, ref, _ = run(R.vllm_sample_sequential())
+    done, out, once = run(F.sample_sequential)
+    assert once and isinstance(ref_done, str) == raises
+    if kernel:
+        assert done is True and spy.launches == spec.num_speculative_steps + 1
+        return
+    assert spy.launches == 0 and done == (ref_done or True)
+    assert torch.equal(ref["tokens"], out["tokens"]) and torch.equal(ref["cache"], out["cache"])
 
 
 def _out_of_shared_memory():
