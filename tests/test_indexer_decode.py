@@ -152,7 +152,7 @@ def run(env, layer, meta, q, num_tokens, mode=None, plugin=True):
             hidden, layer.k_cache.prefix, layer.k_cache.kv_cache, qpad, None, weights,
             layer.quant_block_size, layer.scale_fmt, layer.topk_tokens, layer.head_dim,
             layer.max_model_len, layer.max_total_seq_len, layer.topk_indices_buffer,
-            skip_k_cache_insert=True, compress_ratio=1,
+            skip_k_cache_insert=True, compress_ratio=layer.compress_ratio,
             candidate_blocks=layer.candidate_blocks,
             candidate_block_size=layer.candidate_block_size,
             candidate_write=layer.candidate_write)  # fmt: skip
@@ -220,6 +220,86 @@ def test_declining_hooks_leave_vllms_op_at_each_place(vllm_env, monkeypatch, kin
                      "writer": ["hook:select_candidates", "hook:decode_top_k"],
                      "reader": ["hook:candidate_logits_top_k", "hook:candidate_top_k",
                                 "hook:decode_top_k"]}[kind]  # fmt: skip
+
+
+def install_aiter_top_k(monkeypatch, env, supported: bool, native: bool) -> dict:
+    """vLLM's choice of AITER's decode top-k (gfx950-only) made by spies: AITER's top-k is
+    ``supported``, the in-tree kernel preferred (``native``); AITER's kernel writes 4242. Returns
+    the arguments each spy gets, per call."""
+    from vllm._aiter_ops import rocm_aiter_ops
+
+    asked = {"supported": [], "native": [], "kernel": []}
+
+    def kernel(logits, next_n, seq_lens, out, topk_tokens):
+        asked["kernel"].append((logits.clone(), next_n, seq_lens, out, topk_tokens))
+        out.fill_(4242)
+
+    monkeypatch.setattr(rocm_aiter_ops, "is_indexer_top_k_supported",
+                        lambda **kw: asked["supported"].append(kw) or supported)  # fmt: skip
+    monkeypatch.setattr(rocm_aiter_ops, "dsv4_indexer_prefers_native_top_k",
+                        lambda **kw: asked["native"].append(kw) or native)  # fmt: skip
+    monkeypatch.setattr(rocm_aiter_ops, "indexer_top_k_decode", env.spy("aiter:topk", kernel))
+    return asked
+
+
+def aiter_pair(env, monkeypatch, supported, native, mode=None, ratio=1):
+    """One plain next_n = 2 step through vLLM's op, then the plugin, under the spies above
+    (the hooks take): (plugin layer, oracle layer, metadata, vLLM's asks, the plugin's asks)."""
+    plugin_layer, oracle_layer, meta, q, n = pair(env, "plain", "mtp_2d")
+    plugin_layer.compress_ratio = oracle_layer.compress_ratio = ratio
+    install_hooks(monkeypatch, env, take=True)
+    asked = install_aiter_top_k(monkeypatch, env, supported, native)
+    run(env, oracle_layer, meta, q, n, mode=mode, plugin=False)
+    by_vllm = {k: v[:] for k, v in asked.items()}
+    for calls in (*asked.values(), env.calls):
+        calls.clear()
+    run(env, plugin_layer, meta, q, n, mode=mode)
+    return plugin_layer, oracle_layer, meta, by_vllm, asked
+
+
+def test_aiter_top_k_called_as_vllm_calls_it(vllm_env, monkeypatch):
+    """Where vLLM takes AITER's indexer top-k, the plugin calls it with vLLM's arguments (one
+    row a query: next_n 1, the lengths flattened), does not ask its top-512 hook, counts why."""
+    layer, _, meta, by_vllm, asked = aiter_pair(vllm_env, monkeypatch, True, False)
+    assert vllm_env.calls == ["vllm:logits", "aiter:topk"]
+    assert len(asked["kernel"]) == len(by_vllm["kernel"]) == 1
+    (logits, next_n, seq_lens, out, k), want = asked["kernel"][0], by_vllm["kernel"][0]
+    assert torch.equal(logits, want[0]) and next_n == want[1] == 1
+    assert torch.equal(seq_lens, want[2]) and torch.equal(seq_lens, meta.decode.seq_lens.view(-1))
+    buf = layer.topk_indices_buffer
+    assert out.shape == want[3].shape == (8, 512) and out.data_ptr() == buf.data_ptr()
+    assert k == want[4] == 512
+    assert (buf[:8] == 4242).all() and (buf[8:] == 7777).all()
+    assert counters.stats()["decode_top_k"] == {
+        "taken": 0, "declined": 1, "reasons": {"AITER's indexer top-k serves": 1}}  # fmt: skip
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_aiter_top_k_asked_with_vllms_length_bound(vllm_env, monkeypatch, full):
+    """vLLM bounds the lengths by max_model_len under FULL graphs (a bound for every replay),
+    else by this step's compressed max_seq_len: the plugin asks AITER's check the same."""
+    from vllm.config import CUDAGraphMode
+
+    mode = CUDAGraphMode.FULL if full else CUDAGraphMode.NONE
+    _, _, meta, by_vllm, asked = aiter_pair(vllm_env, monkeypatch, False, False, mode, ratio=4)
+    bound = WIDTH if full else meta.max_seq_len // 4
+    assert len({WIDTH, meta.max_seq_len, meta.max_seq_len // 4}) == 3  # bounds that differ
+    want = dict(is_prefill=False, compress_ratio=4, num_rows=8, max_valid_seq_len=bound,
+                topk_tokens=512)  # fmt: skip
+    assert asked["supported"] == by_vllm["supported"] == [want]
+
+
+@pytest.mark.parametrize(("supported", "native"), [(False, False), (True, True)])
+def test_native_top_k_where_vllm_keeps_it(vllm_env, monkeypatch, supported, native):
+    """Where AITER's top-k is unsupported or the in-tree kernel is preferred, the plugin's
+    top-512 hook takes vLLM's place and gives vLLM's sets."""
+    layer, oracle, _, by_vllm, asked = aiter_pair(vllm_env, monkeypatch, supported, native)
+    assert vllm_env.calls == ["vllm:logits", "hook:decode_top_k"]
+    assert asked == by_vllm and not asked["kernel"]
+    assert asked["native"] == ([dict(num_rows=8, num_columns=WIDTH, topk_tokens=512)]
+                               if supported else [])  # fmt: skip
+    assert_same_rows(layer.topk_indices_buffer, oracle.topk_indices_buffer)
+    assert counters.stats()["decode_top_k"]["taken"] == 1
 
 
 def test_candidate_logits_declined_where_vllm_takes_its_torch_logits(vllm_env, monkeypatch):
