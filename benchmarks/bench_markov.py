@@ -15,7 +15,8 @@ probabilistic drafts (fp32 Gumbel noise, temperature 1, every row live), it time
 and prints each beside the memory floor: every step reads ``markov_w2`` once (66 MB) and each
 row's base logits, and writes each row's cached logits (2 x 0.26 MB a row), at 4.8 TB/s (H200);
 and beside two measured floors (``_markov_floors.py``, graphed): ``stream``, the same bytes moved
-by torch with no arithmetic, and ``noise``, vLLM's exact Gumbel noise and a row argmax alone.
+by torch with no arithmetic, ``noise``, vLLM's exact Gumbel noise and a row argmax alone, and
+``fast``, the same with the fast noise that sampled batches above 16 rows draw.
 Times are the mean of ``--iters`` calls after warm-up, measured with CUDA events. Writes JSON.
 
     python benchmarks/bench_markov.py --json out.json [--rows 1,8,32,64,128,256] [--greedy]
@@ -152,7 +153,8 @@ def main() -> None:
     kind = "greedy" if args.greedy else "probabilistic"
     print(f"baseline: {name}; {kind} drafts, times in us for {args.steps} steps, V={args.vocab}")
     print(
-        head + f" {'floor':>7} {'stream':>7} {'noise':>7} {'graph/floor':>11} {'vs vLLM graph':>13}"
+        head + f" {'floor':>7} {'stream':>7} {'noise':>7} {'fast':>7} {'graph/floor':>11}"
+        f" {'vs vLLM graph':>13}"
         f" {'in-tree':>8} {'vs in-tree':>10}"
     )
     for rows in (int(r) for r in args.rows.split(",")):
@@ -165,11 +167,14 @@ def main() -> None:
         r["vllm_eager_us"] = mean_us(ref, args.iters)
         r["vllm_graph_us"] = mean_us(graphed(ref), args.iters)
         r["floor_us"] = floor_us(rows, args.vocab, args.rank, args.steps, args.greedy)
-        r["stream_graph_us"] = r["noise_graph_us"] = None
+        r["stream_graph_us"] = r["noise_graph_us"] = r["fast_noise_graph_us"] = None
         if not args.greedy:
             stream, noise = floors.stream(spec, rows, base3, w2), floors.noise(spec, rows, base3)
             r["stream_graph_us"] = mean_us(graphed(stream), args.iters)
             r["noise_graph_us"] = mean_us(graphed(noise), args.iters)
+            fast_log = F._config(256, args.vocab, args.rank, False)["FAST_LOG"]  # this backend's
+            fast = floors.noise(spec, rows, base3, fast_log)
+            r["fast_noise_graph_us"] = mean_us(graphed(fast), args.iters)
         r["in_tree_graph_us"] = r["in_tree_same_tokens"] = None
         run_in_tree = in_tree.runner(spec, rows, base3, w1, w2)
         if run_in_tree is not None:
@@ -185,6 +190,7 @@ def main() -> None:
             f"{rows:>5} {r['fused_eager_us']:>12.1f} {r['fused_graph_us']:>12.1f}"
             f" {r['vllm_eager_us']:>11.1f} {r['vllm_graph_us']:>11.1f} {r['floor_us']:>7.1f}"
             f" {_us(r['stream_graph_us'], 7)} {_us(r['noise_graph_us'], 7)}"
+            f" {_us(r['fast_noise_graph_us'], 7)}"
             f" {r['fused_graph_over_floor']:>10.2f}x {r['speedup_vs_vllm_graph']:>12.2f}x"
             f" {_us(r['in_tree_graph_us'], 8)} {_ratio(r['in_tree_graph_us'], r, 9)}"
             f"{'' if r['in_tree_same_tokens'] in (None, True) else ' (other tokens)'}",
