@@ -64,6 +64,12 @@ def test_require_variable(raw, required, monkeypatch, hip_build):
         assert hip_build._required() is required
 
 
+def test_build_package_reads_the_require_variable(tmp_path, monkeypatch, one_kernel):
+    monkeypatch.setenv(one_kernel.REQUIRE_ENV, "2")
+    with pytest.raises(one_kernel.BuildError, match="not a boolean"):
+        one_kernel.build_package(tmp_path / "pkg")
+
+
 def test_unknown_arch_is_refused(tmp_path, hip_build):
     with pytest.raises(ValueError, match="gfx90a"):
         hip_build.build("gfx90a", tmp_path)

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from dsv41_gfx942_plugin import patches
 
 
@@ -39,13 +41,15 @@ def test_status_command_honours_vllms_plugin_allowlist():
             "list dsv41_gfx942") in proc.stdout  # fmt: skip
 
 
-def test_status_command_survives_a_closed_stdout():
+@pytest.mark.parametrize("unbuffered", ["1", ""], ids=["unbuffered", "buffered"])
+def test_status_command_survives_a_closed_stdout(unbuffered):
     """``python -m dsv41_gfx942_plugin | head -1``: the reader leaving early (here before the
-    first write, so every write fails) is not an error of the command."""
+    first write, so every write fails) is not an error of the command, whether its first print
+    fails (unbuffered) or only the final flush (a pipe's default buffering; empty is unset)."""
     read, write = os.pipe()
     os.close(read)
     try:
-        proc = _status_command(stdout=write)
+        proc = _status_command(stdout=write, PYTHONUNBUFFERED=unbuffered)
     finally:
         os.close(write)
     assert proc.returncode == 0, proc.stderr

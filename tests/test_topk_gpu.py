@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -337,12 +338,14 @@ def test_kernels_pass_sanitizer(tool):
     race between threads (racecheck: the LDS lists, histograms and bitmaps between barriers),
     no barrier a thread of the workgroup skips (synccheck). The sm_90 build of the gfx942
     source; a race here would be one there too, whatever the wave width."""
-    tests_dir = os.path.dirname(__file__)
+    paths = [os.path.dirname(__file__), str(Path(topk.__file__).parents[2])]
     env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")
-    env["PYTHONPATH"] = os.pathsep.join([tests_dir, env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")])
     script = "import test_topk_gpu as T; T.sanitized_calls()"
     cmd = [_SANITIZER, "--tool", tool, "--error-exitcode", "3", sys.executable, "-c", script]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0 and "ERROR SUMMARY: 0 errors" in done.stdout, (
+    # H200: about 35 s a tool.
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=170)
+    clean = {"racecheck": "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)"}
+    assert done.returncode == 0 and clean.get(tool, "ERROR SUMMARY: 0 errors") in done.stdout, (
         done.stdout[-3000:] + done.stderr[-3000:]
     )

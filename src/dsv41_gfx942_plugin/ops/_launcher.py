@@ -66,27 +66,34 @@ def code_object_arch(device: torch.device | int | None = None) -> str | None:
 
 
 def _file_maps() -> list[tuple[int, int, str]]:
-    """(start, end, path) of each file this process has mapped, from ``/proc/self/maps``."""
+    """(start, end, path) of each file this process has mapped, from ``/proc/self/maps`` (a
+    path may hold spaces; a deleted file's is left out)."""
     try:
-        with open("/proc/self/maps") as maps:
-            rows = [line.split() for line in maps]
+        with open("/proc/self/maps", errors="surrogateescape") as maps:
+            rows = [line.rstrip("\n").split(maxsplit=5) for line in maps]
     except OSError:
         return []
     return [
         (int(r[0].split("-")[0], 16), int(r[0].split("-")[1], 16), r[5])
         for r in rows
-        if len(r) >= 6 and r[5].startswith("/")
+        if len(r) == 6 and r[5].startswith("/") and not r[5].endswith(" (deleted)")
     ]
 
 
 def _providing(user: str, symbol: str, maps: list[tuple[int, int, str]]) -> str | None:
-    """The mapped file that ``symbol`` resolves to from library ``user`` (already loaded):
-    dlsym on its handle searches it and then its own dependencies, as its calls bind."""
-    try:
-        address = ctypes.cast(getattr(ctypes.CDLL(user), symbol), ctypes.c_void_p).value
-    except (OSError, AttributeError):
-        return None
-    return next((path for lo, hi, path in maps if lo <= address < hi), None)
+    """The mapped file whose ``symbol`` library ``user`` (already loaded) binds to, as the
+    dynamic linker looks it up: the global scope first (the program, preloaded libraries,
+    RTLD_GLOBAL ones), then ``user`` and its own dependencies."""
+    address = None
+    for name in (None, user):
+        try:
+            address = ctypes.cast(
+                getattr(ctypes.CDLL(name, mode=os.RTLD_NOLOAD), symbol), ctypes.c_void_p
+            ).value
+            break
+        except (OSError, AttributeError):
+            continue
+    return next((path for lo, hi, path in maps if address is not None and lo <= address < hi), None)
 
 
 class _Runtime:
@@ -94,7 +101,9 @@ class _Runtime:
 
     def __init__(self):
         if torch.version.hip:
-            self.lib = ctypes.CDLL(self._mapped_hip(), mode=ctypes.RTLD_GLOBAL)
+            # Local: the library is torch's, already loaded; adding it to the global scope
+            # could rebind torch's own lazily bound calls.
+            self.lib = ctypes.CDLL(self._mapped_hip())
             prefix, self.end_marker = "hip", 3  # HIP_LAUNCH_PARAM_END
             self.load_data = self.lib.hipModuleLoadData
             self.get_function = self.lib.hipModuleGetFunction
