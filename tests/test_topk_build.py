@@ -67,6 +67,24 @@ def test_is_amdgpu_elf(code_object):
     assert int.from_bytes(head[18:20], "little") == 224  # EM_AMDGPU
 
 
+# ELF header fields of an AMDGPU code object (LLVM's BinaryFormat/ELF.h): EI_ABIVERSION 3 is
+# code object v5 (ROCm 6's compilers' default, so its runtimes and later load it), e_flags holds
+# the processor (0x4C, gfx942) and the xnack / sramecc settings, each "any" (0x100 / 0x400).
+EF_AMDGPU_MACH_GFX942 = 0x4C
+XNACK_ANY, SRAMECC_ANY = 0x100, 0x400
+COV5 = 3
+
+
+def test_loads_on_every_gfx942_mode(code_object):
+    """One code object for every MI300X / MI325X: xnack and sramecc left "any" (an object built
+    for xnack+ or sramecc- is refused by a GPU in the other mode), and code object v5."""
+    head = code_object.read_bytes()[:52]
+    assert head[8] == COV5, f"code object ABI version {head[8]}"
+    flags = int.from_bytes(head[48:52], "little")
+    assert flags & 0xFF == EF_AMDGPU_MACH_GFX942, hex(flags)
+    assert flags & 0xF00 == XNACK_ANY | SRAMECC_ANY, hex(flags)
+
+
 def test_every_kernel_present(metadata):
     assert set(topk.KERNELS) <= set(metadata), sorted(set(topk.KERNELS) - set(metadata))
 
