@@ -12,10 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -37,6 +33,7 @@ if torch.cuda.is_available() and importlib.util.find_spec("vllm._C") is None:
 
 import ref_markov as R  # noqa: E402
 from dsv41_gfx942_plugin.ops import fused_markov as F  # noqa: E402
+from sanitizer import assert_clean, needs_sanitizer  # noqa: E402
 
 V = 129280
 
@@ -191,7 +188,6 @@ def test_fast_noise_error_bound():
     assert worst <= M.FAST_NOISE_ERR.value / 4
 
 
-_SANITIZER = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
 # Launch sets the memcheck run takes: two blocks a program (1 row; 3 rows of fp64 noise), the
 # fast noise and its verify launch (17 rows), one block a program (64 rows), each sampled and
 # greedy, in a vocabulary of whole blocks and one (50001) whose rows are not 16-byte aligned.
@@ -212,19 +208,9 @@ torch.cuda.synchronize()
 """
 
 
-@pytest.mark.skipif(
-    torch.version.hip is not None or not os.access(_SANITIZER, os.X_OK),
-    reason="needs NVIDIA's compute-sanitizer",
-)
+@needs_sanitizer
 def test_launches_pass_memcheck():
     """The fused launches under compute-sanitizer's memcheck: no read or write outside an
     allocation, in any kernel of a step (the step kernel, with its block read ahead and its odd
     steps walking backwards; the verify and last launches). H200: 0 errors."""
-    paths = [os.path.dirname(R.__file__), str(Path(F.__file__).parents[2])]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths + [os.environ.get("PYTHONPATH", "")]))
-    env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"  # a cudaMalloc a tensor: memcheck sees its end
-    cmd = [_SANITIZER, "--tool", "memcheck", "--error-exitcode", "3", sys.executable, "-c"]
-    done = subprocess.run(cmd + [_MEMCHECK], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0 and "ERROR SUMMARY: 0 errors" in done.stdout, (
-        done.stdout[-3000:] + done.stderr[-3000:]
-    )
+    assert_clean("memcheck", _MEMCHECK, timeout=600)

@@ -4,16 +4,11 @@ and CUDA-graph capture and replay with changed lengths."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 import ref_topk as ref
+from sanitizer import assert_clean, needs_sanitizer
 
 pytestmark = pytest.mark.gpu
 
@@ -324,28 +319,12 @@ def sanitized_calls():
     torch.cuda.synchronize()
 
 
-_SANITIZER = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
-
-
-@pytest.mark.skipif(
-    torch.version.hip is not None or not os.access(_SANITIZER, os.X_OK),
-    reason="needs NVIDIA's compute-sanitizer",
-)
+@needs_sanitizer
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
 def test_kernels_pass_sanitizer(tool):
-    """``sanitized_calls`` under compute-sanitizer: no access outside an allocation (memcheck,
-    torch's caching allocator off so that a tensor's end is an allocation's), no shared-memory
-    race between threads (racecheck: the LDS lists, histograms and bitmaps between barriers),
-    no barrier a thread of the workgroup skips (synccheck). The sm_90 build of the gfx942
-    source; a race here would be one there too, whatever the wave width."""
-    paths = [os.path.dirname(__file__), str(Path(topk.__file__).parents[2])]
-    env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")
-    env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")])
-    script = "import test_topk_gpu as T; T.sanitized_calls()"
-    cmd = [_SANITIZER, "--tool", tool, "--error-exitcode", "3", sys.executable, "-c", script]
-    # H200: about 35 s a tool.
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=170)
-    clean = {"racecheck": "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)"}
-    assert done.returncode == 0 and clean.get(tool, "ERROR SUMMARY: 0 errors") in done.stdout, (
-        done.stdout[-3000:] + done.stderr[-3000:]
-    )
+    """``sanitized_calls`` under compute-sanitizer: no access outside an allocation (memcheck),
+    no shared-memory race between threads (racecheck: the LDS lists, histograms and bitmaps
+    between barriers), no barrier a thread of the workgroup skips (synccheck). The sm_90 build
+    of the gfx942 source; a race here would be one there too, whatever the wave width. H200:
+    about 35 s a tool."""
+    assert_clean(tool, "import test_topk_gpu as T; T.sanitized_calls()", timeout=170)
