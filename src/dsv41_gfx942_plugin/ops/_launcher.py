@@ -84,16 +84,14 @@ def _providing(user: str, symbol: str, maps: list[tuple[int, int, str]]) -> str 
     """The mapped file whose ``symbol`` library ``user`` (already loaded) binds to, as the
     dynamic linker looks it up: the global scope first (the program, preloaded libraries,
     RTLD_GLOBAL ones), then ``user`` and its own dependencies."""
-    address = None
     for name in (None, user):
         try:
-            address = ctypes.cast(
-                getattr(ctypes.CDLL(name, mode=os.RTLD_NOLOAD), symbol), ctypes.c_void_p
-            ).value
-            break
+            fn = getattr(ctypes.CDLL(name, mode=os.RTLD_NOLOAD), symbol)
         except (OSError, AttributeError):
             continue
-    return next((path for lo, hi, path in maps if address is not None and lo <= address < hi), None)
+        address = ctypes.cast(fn, ctypes.c_void_p).value
+        return next((path for lo, hi, path in maps if lo <= address < hi), None)
+    return None
 
 
 class _Runtime:
