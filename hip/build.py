@@ -44,15 +44,21 @@ class BuildError(RuntimeError):
     """A required code object could not be built."""
 
 
+# The plugin's boolean spellings (src/dsv41_gfx942_plugin/envs.py; this script runs without the
+# package importable, and tests/test_build.py checks the two agree).
+TRUE = frozenset({"1", "true", "yes", "on"})
+FALSE = frozenset({"0", "false", "no", "off"})
+
+
 def _required() -> bool:
-    """``DSV41_GFX942_REQUIRE_HIP`` as the plugin's booleans read (``1/true/yes/on``,
-    ``0/false/no/off``, unset or blank: off). Anything else fails the build rather than turning
-    the requirement off: a release build that meant to require the compiler must not ship a
-    wheel without code objects."""
+    """``DSV41_GFX942_REQUIRE_HIP`` as the plugin's booleans read (``TRUE``, ``FALSE``; unset
+    or blank: off). Anything else fails the build rather than turning the requirement off: a
+    release build that meant to require the compiler must not ship a wheel without code
+    objects."""
     raw = os.environ.get(REQUIRE_ENV, "").strip().lower()
-    if raw in ("", "0", "false", "no", "off"):
+    if raw == "" or raw in FALSE:
         return False
-    if raw in ("1", "true", "yes", "on"):
+    if raw in TRUE:
         return True
     raise BuildError(f"{REQUIRE_ENV}={os.environ[REQUIRE_ENV]!r} is not a boolean (1 or 0)")
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from dsv41_gfx942_plugin import envs
+
 ROOT = Path(__file__).resolve().parents[1]
 REQUIRED = os.environ.get("DSV41_GFX942_REQUIRE_HIP", "") == "1"
 KERNEL = 'extern "C" __global__ void addone(float* x, int n) { if (threadIdx.x < n) x[threadIdx.x] += 1.f; }\n'  # noqa: E501
@@ -56,6 +58,7 @@ def test_missing_compiler_is_fine_unless_required(tmp_path, monkeypatch, one_ker
 def test_require_variable(raw, required, monkeypatch, hip_build):
     """The build's switch reads as the plugin's booleans; a value it cannot read fails the
     build instead of silently not requiring the compiler."""
+    assert (hip_build.TRUE, hip_build.FALSE) == (envs._TRUE, envs._FALSE)  # one reading
     monkeypatch.setenv(hip_build.REQUIRE_ENV, raw)
     if required is None:
         with pytest.raises(hip_build.BuildError, match=f"REQUIRE_HIP={raw!r} is not a boolean"):
