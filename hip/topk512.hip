@@ -54,13 +54,21 @@ constexpr int MERGE_THREADS = 512, MERGE_ITEMS = 16, MERGE_GROUP = 8;
 constexpr int MERGE_UNITS = 8;  // units of candidate slots (ops/topk.py's CHUNK_SLOTS, 1024) a
                                 // merge workgroup holds (tests/test_topk_build.py checks)
 constexpr int STREAM_THREADS = 1024;
-constexpr int SELECT_THREADS = 1024, SELECT_ITEMS = 32, SELECT_GROUP = 4;  // <= 32768 blocks
-constexpr int SELECT_BATCH = 2;  // slots a thread whose loads dsv_select_blocks issues together
+// dsv_select_blocks: 16 slots a thread (rows of up to 16384 blocks, 128k columns of 8; _wide
+// holds 32, with half the batch), loads of SELECT_BATCH slots issued together, radix passes of
+// SELECT_DIGIT bits. H200, 6 x 128k, K 2048, graph replay, one run, hot / from DRAM (us): the
+// previous kernel (32 slots, batch 2, top_k's floor and list) 25.6-25.9 / 27.3-27.7; its cut
+// replaced by the one below 24.8-25.0 / 27.3-27.4 (digits of 8: 27.9 / 29.5; batch 4: 24.8 /
+// 26.2, spilling 212 bytes at 32 slots); with 16 slots and batch 4, 23.8-24.0 / 25.3 (batch
+// 2: 24.5 / 26.9). Not adopted (same runs): rolled loops over the keys (36 KB of sm_90 code in
+// place of 255 KB; 26.5 / 29.1: the instruction fetch was not the bound), coalesced loads with
+// a lane pair a block (28.8 / 30.2).
+constexpr int SELECT_THREADS = 1024, SELECT_ITEMS = 16, SELECT_BATCH = 4;
+constexpr int SELECT_DIGIT = 10;  // 11 would pass sm_90's 48 KB of static shared memory
 // CAND_GROUP and COMPACT_GROUP: 16 keys a maximum, as CHUNK_GROUP (1024 maxima; at least 512
 // once a row holds 512 entries, else every key fits the LDS list). H200, same-run A/B against
 // 8: candidate top-k 18.40 -> 16.85 us, compact 12.10 -> 10.53; 32: 18.74 and 19.30. (Nor,
-// in another run, did SELECT_BATCH 4 (26.81 -> 27.08 us), SELECT_GROUP 8 (33.08) or two floor
-// passes in the chunk kernel (within 1.5%) gain.)
+// in another run, did two floor passes in the chunk kernel (within 1.5%) gain.)
 constexpr int CAND_THREADS = 512, CAND_ITEMS = 32, CAND_GROUP = 16;  // 16384 columns, 2048 blocks
 constexpr int COMPACT_THREADS = 512, COMPACT_GROUP = 16;
 
@@ -480,20 +488,27 @@ __device__ __noinline__ uint32_t block_score(const float* row, int c0, int c1) {
 // NaN-propagating max of its columns below min(end, width); the newest block (end - 1) / bs is
 // pinned to +inf; the K best blocks whose score is not -inf are written (any order), then -1.
 // end = seq_lens[r / rep] (each draft row of a request uses the request's length). Rows of at
-// most 32768 blocks. Scoring row slices on many workgroups (1024 blocks each) into scratch and
-// selecting in a second launch: H200, 6 x 128k, K 2048, 20.7 us under graph replay against
-// 26.1 for this kernel, but 32.9 against 27.3 eager (one launch more of host time), and the
-// issue asks one launch; on ROCm vLLM launches the indexer eagerly by default (an eager break
-// of its breakable graph). Not adopted. (On the previous top-K engine: 36.2 against 31.0.)
-// The pinned +inf made the floor's one histogram pass too coarse (4990-11673 of 16384 scores
-// above it, the register path); top_k's floor takes a second pass for it (2579-2667, the LDS
-// list). With the loads issued SELECT_BATCH slots at a time: H200, 6 x 128k, one A/B run,
-// 32.99 -> 27.13 (floor) -> 26.14 us (and the loads).
-DSV_KERNEL(SELECT_THREADS, 1) dsv_select_blocks(const float* logits, long long row_stride,
-                                                int width, const int32_t* seq_lens, int rep, int bs,
-                                                int32_t* cands, long long cand_stride, int K) {
+// most 16384 blocks (dsv_select_blocks) or 32768 (_wide). Scoring row slices on many
+// workgroups (1024 blocks each) into scratch and selecting in a second launch: H200, 6 x 128k,
+// K 2048, 20.7 us under graph replay against 26.1 for the kernel then, but 32.9 against 27.3
+// eager (one launch more of host time), and the issue asks one launch; on ROCm vLLM launches
+// the indexer eagerly by default (an eager break of its breakable graph). Not adopted.
+// Where its time goes (H200, clock64 stamps of thread 0 after each barrier, 6 x 128k random
+// rows, the cut below at 32 slots a thread, about 50k cycles in all): loads and scores 22.4k
+// cycles, the reduction 3.9k, the first radix pass 11.0k, the second 4.8k, the emit's count
+// and scan 3.3k, its writes 4.8k (rolled loops at 16 slots: within 10% of each). Every phase
+// takes several times its instruction count, and rolling the loops did not change that.
+using SelectSel = Sel<SELECT_THREADS, int32_t, SELECT_DIGIT>;
+
+// The kernels' body, for rows of at most ITEMS * SELECT_THREADS blocks. (LDS is declared in
+// the kernels: a static in this inline template would be one object shared by every code
+// object that defines it, as g++ emits it for the CPU emulation's wave-64 and wave-32 builds.)
+template <int ITEMS, int BATCH>
+__device__ __forceinline__ void select_blocks(SelectSel& s, const float* logits,
+                                              long long row_stride, int width,
+                                              const int32_t* seq_lens, int rep, int bs,
+                                              int32_t* cands, long long cand_stride, int K) {
   constexpr int BLOCK = SELECT_THREADS;
-  __shared__ Sel<BLOCK> s;
   const int r = blockIdx.x, t = threadIdx.x;
   const int end = max(seq_lens[r / rep], 0);
   const int col_end = min(end, width);
@@ -502,28 +517,28 @@ DSV_KERNEL(SELECT_THREADS, 1) dsv_select_blocks(const float* logits, long long r
   const float* row = logits + r * row_stride;
   const bool vec = bs == 8 && width >= 8 && ((reinterpret_cast<uintptr_t>(row) & 15) == 0);
   select_prologue(s);
-  RegKeys<SELECT_ITEMS, SELECT_GROUP> keys;
+  RegKeys<ITEMS, ITEMS> keys;  // (one group: the cut takes no floor pass)
   keys.used = (nb + BLOCK - 1) / BLOCK;
-  // SELECT_BATCH slots' loads go out together (in-range addresses, unguarded), then are used:
-  // a guard around each slot's loads made them one memory round trip each, in turn (16 for
+  // BATCH slots' loads go out together (in-range addresses, unguarded), then are used: a
+  // guard around each slot's loads made them one memory round trip each, in turn (16 for
   // 131072 columns).
 #pragma unroll
-  for (int q = 0; q < SELECT_ITEMS; q += SELECT_BATCH) {
-    uint32_t m[SELECT_BATCH];
+  for (int q = 0; q < ITEMS; q += BATCH) {
+    uint32_t m[BATCH];
 #pragma unroll
-    for (int j = 0; j < SELECT_BATCH; ++j) m[j] = 0;
+    for (int j = 0; j < BATCH; ++j) m[j] = 0;
     if (q < keys.used) {
       if (vec) {
-        float4 x[SELECT_BATCH], y[SELECT_BATCH];
+        float4 x[BATCH], y[BATCH];
 #pragma unroll
-        for (int j = 0; j < SELECT_BATCH; ++j) {
+        for (int j = 0; j < BATCH; ++j) {
           const int c0 = ((q + j) * BLOCK + t) * 8;
           const float4* p = reinterpret_cast<const float4*>(row + (c0 + 8 <= col_end ? c0 : 0));
           x[j] = p[0];
           y[j] = p[1];
         }
 #pragma unroll
-        for (int j = 0; j < SELECT_BATCH; ++j) {
+        for (int j = 0; j < BATCH; ++j) {
           const int b = (q + j) * BLOCK + t, c0 = b * 8;
           if (c0 + 8 <= col_end)
             m[j] = max(max(max(order_key(x[j].x), order_key(x[j].y)),
@@ -535,24 +550,64 @@ DSV_KERNEL(SELECT_THREADS, 1) dsv_select_blocks(const float* logits, long long r
         }
       } else {
 #pragma unroll
-        for (int j = 0; j < SELECT_BATCH; ++j) {
+        for (int j = 0; j < BATCH; ++j) {
           const int b = (q + j) * BLOCK + t, c0 = b * bs;
           if (b < nb) m[j] = block_score(row, c0, min(c0 + bs, col_end));
         }
       }
 #pragma unroll
-      for (int j = 0; j < SELECT_BATCH; ++j) {
+      for (int j = 0; j < BATCH; ++j) {
         const int b = (q + j) * BLOCK + t;
         if (b == newest && b < nb) m[j] = KEY_POS_INF;  // pinned, as vLLM does, even over NaN
         if (m[j] <= KEY_NEG_INF) m[j] = 0;              // a -inf score is no candidate
       }
     }
 #pragma unroll
-    for (int j = 0; j < SELECT_BATCH; ++j) keys.k[q + j] = m[j];
+    for (int j = 0; j < BATCH; ++j) keys.k[q + j] = m[j];
+  }
+  // The cut: a radix select over the scores themselves, no floor or list. The keys at or above
+  // +inf (the pinned newest block, NaN and +inf scores) rank above every other and are counted
+  // apart, so the passes' bins span only the finite scores' range (the pinned +inf key made
+  // a range up to it too coarse for one pass; see above).
+  int ph = 0, pc = 0;
+  uint32_t nvalid = 0, nspec = 0, thi = 0, tlo = 0xffffffffu;
+  keys.each([&](uint32_t key, int) {
+    nvalid += key != 0;
+    nspec += key >= KEY_POS_INF;
+    thi = key < KEY_POS_INF ? max(thi, key) : thi;
+    tlo = key != 0 ? min(tlo, key) : tlo;
+  });
+  block_reduce(s, ph, nvalid, nspec, thi, tlo);
+  Cut cut{0u, 0u, 0u, nvalid};  // at most K valid keys: every one
+  if (nvalid > (uint32_t)K && nspec >= (uint32_t)K) {  // the cut among those at or above +inf
+    cut = radix_cut(s, ph, keys, (uint32_t)K, KEY_POS_INF, 0xffffffffu, pc, 32);
+  } else if (nvalid > (uint32_t)K) {
+    // The cut among the finite scores, below the nspec taken (above hi: every key > gt takes
+    // them), first over the top FLOOR_SPAN of their range, where it lies unless few scores do.
+    const uint32_t krem = (uint32_t)K - nspec;
+    cut = radix_cut(s, ph, keys, krem, thi - tlo > FLOOR_SPAN ? thi - FLOOR_SPAN : tlo, thi, pc, 32);
+    if (cut.total == 0) cut = radix_cut(s, ph, keys, krem, tlo, thi, pc, 32);
+    cut.total = (uint32_t)K;
   }
   int32_t* out_row = cands + r * cand_stride;
-  const uint32_t total = top_k<BLOCK, 2>(
-      s, keys, (uint32_t)K, [=](int slot) { return slot * BLOCK + t; },
+  const uint32_t total = emit(
+      s, ph, keys, cut, [=](int slot) { return slot * BLOCK + t; },
       [=](uint32_t, int32_t id, uint32_t pos) { out_row[pos] = id; });
   write_tail<BLOCK>(out_row, (int)total, K);
+}
+
+#define SELECT_ARGS                                                                   \
+  const float *logits, long long row_stride, int width, const int32_t *seq_lens, int rep, \
+      int bs, int32_t *cands, long long cand_stride, int K
+
+DSV_KERNEL(SELECT_THREADS, 1) dsv_select_blocks(SELECT_ARGS) {
+  __shared__ SelectSel s;
+  select_blocks<SELECT_ITEMS, SELECT_BATCH>(s, logits, row_stride, width, seq_lens, rep, bs,
+                                            cands, cand_stride, K);
+}
+
+DSV_KERNEL(SELECT_THREADS, 1) dsv_select_blocks_wide(SELECT_ARGS) {
+  __shared__ SelectSel s;
+  select_blocks<2 * SELECT_ITEMS, SELECT_BATCH / 2>(s, logits, row_stride, width, seq_lens, rep,
+                                                    bs, cands, cand_stride, K);
 }

@@ -42,7 +42,6 @@ constexpr int TOPK = 512;
 // candidate kernel past sm_90's 48 KB of static shared memory (48.3 KiB on gfx942), 11 bits the
 // chunk kernel to one workgroup a gfx942 CU (40.3 KiB of LDS).
 constexpr int DIGIT = 8;
-constexpr int HIST = 1 << DIGIT;        // bins of a radix pass
 // Keys above the floor that top_k copies to LDS. 3072 (H200, same-run A/B) was no faster and
 // made dense 32 x 128k 34.0 -> 39.4 us: the chunks of random rows whose one floor pass lands on
 // a coarse bin hold up to about 3100 keys above it (0.3% of them, modelled), and one such chunk
@@ -62,10 +61,11 @@ __device__ __forceinline__ uint32_t order_key(float f) {
 // Id: the type of the list's column ids. dsv_topk512_chunks stores a chunk's local column
 // (< 16384) as uint16_t: 26.3 KiB of LDS in place of 34.6, so two of its workgroups fit a
 // gfx942 CU's 64 KiB (its 97-100 VGPRs allow two as well); the other kernels keep int32 ids.
-template <int BLOCK, class Id = int32_t>
+template <int BLOCK, class Id = int32_t, int BITS = DIGIT>
 struct Sel {
   static constexpr int NWAVES = BLOCK / DSV_WAVE;
-  uint32_t hist[2][HIST];  // ping-pong: one pass counts into one while the other is cleared
+  static constexpr int BINS = 1 << BITS;  // bins of a radix pass
+  uint32_t hist[2][BINS];  // ping-pong: one pass counts into one while the other is cleared
   uint32_t key[LIST];      // keys above top_k's floor, when few enough
   Id id[LIST];             // and their column ids
   uint32_t part[2][4][NWAVES];
@@ -93,10 +93,10 @@ __device__ __forceinline__ uint32_t wave_scan(uint32_t x) {  // inclusive
 // barrier: every wave redoes the (short) scan of the wave totals. Consecutive calls of
 // block_scan / block_reduce alternate `ph`'s parity, so that no barrier is needed after the
 // reads; each call advances it.
-template <int BLOCK, class Id>
-__device__ __forceinline__ void block_scan(Sel<BLOCK, Id>& s, int& ph, uint32_t& a, uint32_t& b,
+template <int BLOCK, class Id, int B>
+__device__ __forceinline__ void block_scan(Sel<BLOCK, Id, B>& s, int& ph, uint32_t& a, uint32_t& b,
                                            uint32_t& ta, uint32_t& tb) {
-  constexpr int NW = Sel<BLOCK, Id>::NWAVES;
+  constexpr int NW = Sel<BLOCK, Id, B>::NWAVES;
   const int buf = ph++ & 1;
   const int lane = dsv_lane(), w = dsv_wave();
   const uint32_t xa = wave_scan(a), xb = wave_scan(b);
@@ -125,10 +125,10 @@ __device__ __forceinline__ void wave_reduce(uint32_t& a, uint32_t& b, uint32_t& 
 }
 
 // Workgroup sums of a and b, max of c, min of d, in every thread, with one barrier.
-template <int BLOCK, class Id>
-__device__ __forceinline__ void block_reduce(Sel<BLOCK, Id>& s, int& ph, uint32_t& a, uint32_t& b,
+template <int BLOCK, class Id, int B>
+__device__ __forceinline__ void block_reduce(Sel<BLOCK, Id, B>& s, int& ph, uint32_t& a, uint32_t& b,
                                              uint32_t& c, uint32_t& d) {
-  constexpr int NW = Sel<BLOCK, Id>::NWAVES;
+  constexpr int NW = Sel<BLOCK, Id, B>::NWAVES;
   const int buf = ph++ & 1;
   wave_reduce(a, b, c, d);
   const int lane = dsv_lane(), w = dsv_wave();
@@ -227,14 +227,14 @@ struct ListKeys {
 
 // Clears hist[0]; a kernel calls it before loading its keys (top_k's first barrier orders it
 // before the first count).
-template <int BLOCK, class Id>
-__device__ __forceinline__ void select_prologue(Sel<BLOCK, Id>& s) {
-  for (int i = threadIdx.x; i < HIST; i += BLOCK) s.hist[0][i] = 0;
+template <int BLOCK, class Id, int B>
+__device__ __forceinline__ void select_prologue(Sel<BLOCK, Id, B>& s) {
+  for (int i = threadIdx.x; i < Sel<BLOCK, Id, B>::BINS; i += BLOCK) s.hist[0][i] = 0;
 }
 
 // The cut of the k largest keys in [lo, hi] (k <= their count; keys outside the range are not
 // candidates, those above hi must not exist): a radix select over the key range, whose bins
-// are 2^shift consecutive keys (at most HIST bins), that narrows the range to the k-th key's
+// are 2^shift consecutive keys (at most Sel::BINS bins), that narrows the range to the k-th key's
 // bin each pass and stops when that bin is taken whole. Each pass is one count and three
 // barriers; hist[pc & 1] is clear when pass pc starts. After max_passes, or once the k-th
 // key's bin holds at most `loose` keys (0: never), it returns a floor instead: every key in or
@@ -248,8 +248,8 @@ __device__ __forceinline__ void select_prologue(Sel<BLOCK, Id>& s) {
 // Nor did wave 0 alone finding the bin and publishing it (two barriers a pass): 2-3% slower
 // (6x16k 9.22 -> 9.43 us, 6x128k 18.18 -> 18.70, 32x1M 169.4 -> 173.2, selection 26.59 ->
 // 27.43); one wave's serial scan of 256 bins outlasts the workgroup scan and its barrier.
-template <int BLOCK, class Id, class Keys>
-__device__ __forceinline__ Cut radix_cut(Sel<BLOCK, Id>& s, int& ph, Keys& keys, uint32_t k,
+template <int BLOCK, class Id, int B, class Keys>
+__device__ __forceinline__ Cut radix_cut(Sel<BLOCK, Id, B>& s, int& ph, Keys& keys, uint32_t k,
                                          uint32_t lo, uint32_t hi, int& pc, int max_passes,
                                          uint32_t loose = 0) {
   uint32_t krem = k;
@@ -258,16 +258,16 @@ __device__ __forceinline__ Cut radix_cut(Sel<BLOCK, Id>& s, int& ph, Keys& keys,
     if (lo == hi) return Cut{lo, lo, krem, k};  // one key value left: krem of its ties
     const uint32_t span = hi - lo;
     const int bits = 32 - __clz((int)span);
-    const int shift = bits > DIGIT ? bits - DIGIT : 0;
+    const int shift = bits > B ? bits - B : 0;
     const int nb = (int)(span >> shift) + 1;
     uint32_t* hist = s.hist[pc & 1];
-    for (int i = threadIdx.x; i < HIST; i += BLOCK) s.hist[(pc + 1) & 1][i] = 0;
+    for (int i = threadIdx.x; i < Sel<BLOCK, Id, B>::BINS; i += BLOCK) s.hist[(pc + 1) & 1][i] = 0;
     keys.each([&](uint32_t key, int) {
       count_digit(hist, key >= lo && key <= hi, (key - lo) >> shift);
     });
     __syncthreads();
     // The bin where the count from the top reaches krem: thread t sums bins nb-1-t*per down.
-    constexpr int per = (HIST + BLOCK - 1) / BLOCK;
+    constexpr int per = (Sel<BLOCK, Id, B>::BINS + BLOCK - 1) / BLOCK;
     const int b0 = nb - 1 - (int)threadIdx.x * per;
     uint32_t sum = 0;
 #pragma unroll
@@ -315,8 +315,8 @@ __device__ __forceinline__ Cut radix_cut(Sel<BLOCK, Id>& s, int& ph, Keys& keys,
 // SGPRs on gfx942. Thread 0 stores the threshold before the block_scan/block_reduce call of
 // parity `buf` (whose barrier publishes it) and every thread reads it back after: the same
 // value, which the compiler cannot see, so the second pass compares afresh.
-template <int BLOCK, class Id>
-__device__ __forceinline__ void relay(Sel<BLOCK, Id>& s, int buf, uint32_t a, uint32_t b) {
+template <int BLOCK, class Id, int B>
+__device__ __forceinline__ void relay(Sel<BLOCK, Id, B>& s, int buf, uint32_t a, uint32_t b) {
   if (threadIdx.x == 0) {
     s.relay[buf][0] = a;
     s.relay[buf][1] = b;
@@ -326,8 +326,8 @@ __device__ __forceinline__ void relay(Sel<BLOCK, Id>& s, int buf, uint32_t a, ui
 // Calls out(key, pay(slot), position) for each key the cut takes; positions are 0..n-1, from
 // prefix sums of each thread's counts (no atomics). Returns n: cut.total for an exact cut, every
 // key above cut.gt for a floor (need_eq 0).
-template <int BLOCK, class Id, class Keys, class Pay, class Out>
-__device__ __forceinline__ uint32_t emit(Sel<BLOCK, Id>& s, int& ph, Keys& keys, const Cut cut, Pay pay,
+template <int BLOCK, class Id, int B, class Keys, class Pay, class Out>
+__device__ __forceinline__ uint32_t emit(Sel<BLOCK, Id, B>& s, int& ph, Keys& keys, const Cut cut, Pay pay,
                                      Out out) {
   uint32_t ngt = 0, neq = 0;
   keys.each([&](uint32_t key, int) {
@@ -379,8 +379,8 @@ __device__ __forceinline__ uint32_t emit(Sel<BLOCK, Id>& s, int& ph, Keys& keys,
 // and first merge kernels at two workgroups an SM, before the one scan below: dense 32x128k
 // 25.22 -> 22.71 us, ragged 6x128k 19.74 -> 16.63, ragged 32x1M 102.05 -> 100.04, 32x1M 116.67
 // -> 115.26; 6x128k 16.11 -> 16.44.
-template <int BLOCK, int FLOOR_PASSES = 1, class Id, class Keys, class Pay, class Out>
-__device__ __forceinline__ uint32_t top_k(Sel<BLOCK, Id>& s, Keys& keys, uint32_t k, Pay pay,
+template <int BLOCK, int FLOOR_PASSES = 1, class Id, int B, class Keys, class Pay, class Out>
+__device__ __forceinline__ uint32_t top_k(Sel<BLOCK, Id, B>& s, Keys& keys, uint32_t k, Pay pay,
                                           Out out, uint32_t cap = 0) {
   constexpr int M = Keys::GROUPS;
   int ph = 0, pc = 0;

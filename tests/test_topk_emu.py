@@ -230,13 +230,34 @@ def test_candidates_few_live(emu):
     assert int((idx >= 0).sum()) == 320
 
 
-@pytest.mark.parametrize("kind,k", [("randn", 2048), ("masked", 512), ("ties", 2048)])
+@pytest.mark.parametrize(
+    "kind,k",
+    [
+        ("randn", 2048),
+        ("masked", 512),
+        ("ties", 2048),
+        ("equal", 2048),
+        ("specials", 2048),  # about 390 blocks score NaN or +inf: taken, the rest cut below
+        ("specials", 256),  # more of them than K: the cut among them
+    ],
+)
 def test_select(emu, kind, k):
     x = logits_of(1, 131072, kind, seed=9)
     seq = torch.tensor([130001], dtype=torch.int32)
     cands = torch.full((1, k), 777, dtype=torch.int32)
     assert topk.select_candidates(x, 1, seq, 8, cands)
     ref.check_select(x, 1, seq, 8, cands, f"wave{emu} select {kind}")
+
+
+@pytest.mark.parametrize("width", [131072, 131073, 262144])
+def test_select_at_the_kernels_bounds(emu, width):
+    """16384 blocks (dsv_select_blocks' 16 a thread), one more (the last of one column:
+    dsv_select_blocks_wide), and 32768 (the wide kernel's bound)."""
+    x = logits_of(2, width, "specials", seed=width)
+    seq = torch.tensor([width, width - 4000], dtype=torch.int32)
+    cands = torch.full((2, 2048), 777, dtype=torch.int32)
+    assert topk.select_candidates(x, 1, seq, 8, cands)
+    ref.check_select(x, 1, seq, 8, cands, f"wave{emu} select {width} columns")
 
 
 def test_select_block_as_large_as_the_bound(emu):

@@ -187,10 +187,13 @@ SELECT_CASES = [
     # rows, width, ends, kind, k
     (6, 131072, [131072, 131071, 100000, 16000, 9, 0], "randn", 2048),
     (6, 131072, None, "specials", 2048),
+    (6, 131072, [131072] * 6, "specials", 256),  # more NaN / +inf scores than K
+    (2, 131072, None, "equal", 2048),
     (6, 131072, None, "ties", 2048),
     (4, 131072, None, "masked", 2048),
     (3, 20000, [20000, 19999, 25000], "randn", 2048),  # a length past the width
-    (2, 262144, [262144, 200001], "masked", 512),
+    (2, 262144, [262144, 200001], "masked", 512),  # dsv_select_blocks_wide
+    (3, 131073, [131073, 131072, 70000], "randn", 2048),  # one block past dsv_select_blocks
     (5, 10000, None, "all_ninf", 64),
 ]
 

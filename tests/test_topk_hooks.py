@@ -253,6 +253,10 @@ def test_select_gating(calls):
     assert topk.select_candidates(logits, 3, torch.full((6, 1), 9, dtype=torch.int32), 8, cands)
     assert calls[1][3][4] == 1  # one length a row
     assert topk.select_candidates(torch.zeros(6, 262144), 3, seq, 8, cands)  # 32768 blocks
+    assert topk.select_candidates(torch.zeros(6, 131065), 3, seq, 8, cands)  # 16384 blocks
+    assert topk.select_candidates(torch.zeros(6, 131073), 3, seq, 8, cands)  # 16385
+    assert [c[0] for c in calls[2:]] == ["dsv_select_blocks_wide", "dsv_select_blocks",
+                                         "dsv_select_blocks_wide"]  # fmt: skip
 
 
 def test_compact_gating(calls):

@@ -54,5 +54,6 @@ extern "C" int dsv_emu_launch(const char* name, unsigned gx, unsigned gy, unsign
   DSV_EMU_KERNEL(dsv_topk512_candidates)
   DSV_EMU_KERNEL(dsv_topk512_compact)
   DSV_EMU_KERNEL(dsv_select_blocks)
+  DSV_EMU_KERNEL(dsv_select_blocks_wide)
   return -1;
 }

@@ -66,8 +66,10 @@ MAX_WIDTH = 1 << 25
 # Candidate top-k: at most 2048 blocks (LDS hash table) and 16384 columns (registers) a row.
 MAX_CANDIDATE_BLOCKS = 2048
 MAX_CANDIDATE_COLUMNS = CHUNK
-# Candidate selection keeps up to 32768 block scores of a row in registers (256k columns of 8).
-MAX_SELECT_BLOCKS = 32768
+# Candidate selection keeps a row's block scores in registers: 16 a thread in dsv_select_blocks
+# (16384 blocks, 128k columns of 8), 32 in dsv_select_blocks_wide (256k columns of 8).
+SELECT_BLOCKS = 16384
+MAX_SELECT_BLOCKS = 2 * SELECT_BLOCKS
 # ... and takes at most this many of them (vLLM: 2048), through its LDS list of as many keys
 # (hip/topk_select.h's LIST).
 MAX_SELECT_K = 4096
@@ -83,6 +85,7 @@ KERNELS = {
     "dsv_topk512_candidates": "PqiPiiPqPqii",
     "dsv_topk512_compact": "PqPqiPiiPq",
     "dsv_select_blocks": "PqiPiiPqi",
+    "dsv_select_blocks_wide": "PqiPiiPqi",
 }
 # Threads a workgroup of each kernel (its __launch_bounds__ in hip/topk512.hip).
 THREADS = {
@@ -93,6 +96,7 @@ THREADS = {
     "dsv_topk512_candidates": 512,
     "dsv_topk512_compact": 512,
     "dsv_select_blocks": 1024,
+    "dsv_select_blocks_wide": 1024,
 }
 # The device type the hooks take (ROCm tensors are "cuda" tensors too); the CPU gating tests
 # set it to "cpu" together with fake kernels.
@@ -434,8 +438,9 @@ def select_candidates(logits, next_n, seq_lens, block_size, candidates) -> bool:
     rep = 1 if ends == rows else next_n
     if ends * rep < rows:
         return False
+    wide = -(-width // block_size) > SELECT_BLOCKS
     return _launch_rows(
-        "dsv_select_blocks",
+        "dsv_select_blocks_wide" if wide else "dsv_select_blocks",
         logits,
         logits.data_ptr(),
         logits.stride(0),
