@@ -515,6 +515,31 @@ def test_scratch_is_one_set_a_speculator_shape(monkeypatch):
     assert F._scratch(again, cpu, 300)["win"] is F._scratch(four, cpu, 300)["win"]
 
 
+def test_no_memory_for_the_scratch_takes_vllms_loop_this_step(monkeypatch, spy, plugin_log):
+    """Allocating the scratch runs out of memory: this step is vLLM's (the same tokens and
+    cache), logged once, nothing launched, no configuration marked broken; the next step, with
+    memory, is fused."""
+    spec, hidden = _base_case(seed=71)
+    monkeypatch.setattr(F, "_buffers", {})
+    real, failed = F._scratch, []
+
+    def scratch(*args):
+        if not failed:
+            failed.append(1)
+            raise torch.OutOfMemoryError("no memory")
+        return real(*args)
+
+    monkeypatch.setattr(F, "_scratch", scratch)
+    took, ref, out = R.run_both(spec, 3, hidden, F.sample_sequential, fused_only=False)
+    assert took and spy.launches == 0 and F._broken == set() and F._buffers == {}
+    assert torch.equal(ref["tokens"], out["tokens"]) and torch.equal(ref["cache"], out["cache"])
+    why = "no memory for the fused path's scratch"
+    assert [r.levelname for r in plugin_log.records if why in r.getMessage()] == ["DEBUG"]
+    took, ref, out = R.run_both(spec, 3, hidden, F.sample_sequential)
+    assert took and spy.launches == spec.num_speculative_steps + 1
+    assert torch.equal(ref["tokens"], out["tokens"]) and torch.equal(ref["cache"], out["cache"])
+
+
 def test_capture_needs_the_scratch_allocated_before(monkeypatch):
     """A CUDA graph capture before the speculator's scratch exists is declined (the graph would
     keep addresses of buffers allocated inside it); once allocated, or outside capture, not."""

@@ -289,6 +289,13 @@ def sample_sequential(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
         _log_once(f"a launch configuration that did not compile here: {key}")
         return _loop_rest(spec, num_reqs, base, sample_hidden)
     try:
+        _scratch(spec, base.device, vocab)
+    except torch.OutOfMemoryError:
+        # Its first step, short of memory: vLLM's loop, which needs none of it; the next step
+        # tries again (the handler below must not allocate).
+        _log_once("no memory for the fused path's scratch")
+        return _loop_rest(spec, num_reqs, base, sample_hidden)
+    try:
         _launch(spec, num_reqs, base.view(num_reqs, n_spec, vocab), w1, w2, cfg)
     except Exception as e:
         # A launch that raises has not run: Triton compiles a configuration at its first launch
