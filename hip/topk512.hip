@@ -567,8 +567,8 @@ __device__ __forceinline__ void select_blocks(SelectSel& s, const float* logits,
   }
   // The cut: a radix select over the scores themselves, no floor or list. The keys at or above
   // +inf (the pinned newest block, NaN and +inf scores) rank above every other and are counted
-  // apart, so the passes' bins span only the finite scores' range (the pinned +inf key made
-  // a range up to it too coarse for one pass; see above).
+  // apart, so the passes' bins span only the finite scores' range (a range up to the pinned
+  // +inf key would leave the first pass's bins too coarse: most scores in one).
   int ph = 0, pc = 0;
   uint32_t nvalid = 0, nspec = 0, thi = 0, tlo = 0xffffffffu;
   keys.each([&](uint32_t key, int) {
