@@ -38,6 +38,9 @@ def make_logits(rows, width, kind="randn", seed=0, stride=None, device="cpu"):
         x.masked_fill_((u >= 0.003) & (u < 0.01), -0.0)
         x.masked_fill_((u >= 0.01) & (u < 0.02), 0.0)
         x.masked_fill_((u >= 0.02) & (u < 0.1), neg)
+    elif kind == "outliers":  # a few finite logits 30 binades above the rest: a wide key range
+        cols = torch.randint(0, width, (rows, 3), device=device, generator=g)
+        x.scatter_(1, cols, torch.full(cols.shape, 1e9, device=device))
     elif kind == "equal":  # one value everywhere
         x.fill_(1.5)
     elif kind == "cluster":  # the last 4096 columns of every 16384 high: more than a chunk's

@@ -239,6 +239,7 @@ def test_candidates_few_live(emu):
         ("equal", 2048),
         ("specials", 2048),  # about 390 blocks score NaN or +inf: taken, the rest cut below
         ("specials", 256),  # more of them than K: the cut among them
+        ("outliers", 2048),  # fewer than K scores near the greatest: the cut over all of them
     ],
 )
 def test_select(emu, kind, k):
