@@ -362,15 +362,11 @@ __device__ __forceinline__ uint32_t emit(Sel<BLOCK, Id, B>& s, int& ph, Keys& ke
 // (ties, -inf rows: no more selecting; the k are listed and written from the list). Else the
 // keys above F go to the LDS list with pay(slot) when at most LIST, and are selected and
 // written from there.
-// FLOOR_PASSES: the floor's histogram passes at most. A second pass runs only while the k-th
-// maximum's bin holds more than k / 8 maxima: a first pass's 256 bins span the maxima's whole
-// range, so one far maximum (layer 20's newest block, pinned to +inf) makes them too coarse.
-// 6 x 16384 block scores, k 2048 (bench_topk's candidate selection, the algorithm modelled in
-// Python on its input): one pass leaves 4990-11673 keys above the floor (more than LIST: the
-// register path), two leave 2579-2667. Two passes in every kernel (H200, one A/B
-// run) sped decode dense 6 x 16k 12.40 -> 11.64 us but slowed 32 x 1M 200.7 -> 209.0 and the
-// candidate top-k 18.76 -> 19.70, so only dsv_select_blocks takes them.
-// The one-pass floor's range: [max - FLOOR_SPAN, max] first, when the keys span more, and the
+// One floor pass: two in every kernel (a second while the k-th maximum's bin held more than
+// k / 8 maxima; H200, one A/B run) sped decode dense 6 x 16k 12.40 -> 11.64 us but slowed 32 x
+// 1M 200.7 -> 209.0 and the candidate top-k 18.76 -> 19.70. (Layer 20's selection took two
+// until it got its own cut, hip/topk512.hip.)
+// The floor pass's range: [max - FLOOR_SPAN, max] first, when the keys span more, and the
 // whole range only if that holds fewer than k of them. 256 bins over a wider range are too
 // coarse: over [-inf, max] (7/8-masked rows, whose dead groups' maxima are -inf) or over group
 // maxima that straddle zero (a key range of 2^31: some chunks of random rows) most bins are
@@ -379,7 +375,7 @@ __device__ __forceinline__ uint32_t emit(Sel<BLOCK, Id, B>& s, int& ph, Keys& ke
 // and first merge kernels at two workgroups an SM, before the one scan below: dense 32x128k
 // 25.22 -> 22.71 us, ragged 6x128k 19.74 -> 16.63, ragged 32x1M 102.05 -> 100.04, 32x1M 116.67
 // -> 115.26; 6x128k 16.11 -> 16.44.
-template <int BLOCK, int FLOOR_PASSES = 1, class Id, int B, class Keys, class Pay, class Out>
+template <int BLOCK, class Id, int B, class Keys, class Pay, class Out>
 __device__ __forceinline__ uint32_t top_k(Sel<BLOCK, Id, B>& s, Keys& keys, uint32_t k, Pay pay,
                                           Out out, uint32_t cap = 0) {
   constexpr int M = Keys::GROUPS;
@@ -452,10 +448,8 @@ __device__ __forceinline__ uint32_t top_k(Sel<BLOCK, Id, B>& s, Keys& keys, uint
 #pragma unroll
     for (int g = 0; g < M; ++g) maxima.k[g] = mx[g];
     maxima.used = M;
-    // (Two passes narrow a wide range themselves.)
-    const uint32_t lo = FLOOR_PASSES == 1 && thi - tlo > FLOOR_SPAN ? thi - FLOOR_SPAN : tlo;
-    Cut f = radix_cut(s, ph, maxima, k, lo, thi, pc, FLOOR_PASSES, FLOOR_PASSES > 1 ? k / 8 : 0u);
-    if (f.total == 0) f = radix_cut(s, ph, maxima, k, tlo, thi, pc, FLOOR_PASSES);
+    Cut f = radix_cut(s, ph, maxima, k, thi - tlo > FLOOR_SPAN ? thi - FLOOR_SPAN : tlo, thi, pc, 1);
+    if (f.total == 0) f = radix_cut(s, ph, maxima, k, tlo, thi, pc, 1);
     floor = f.need_eq ? f.eq : f.gt + 1;
   }
   // One scan gives each key above the floor its position among them, and each key equal to it
