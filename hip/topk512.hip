@@ -7,7 +7,7 @@
 //   dsv_topk512_merge / _final     passes 2 and 3: each row's chunk candidates down to 512
 //   dsv_topk512_candidates         top-512 over the columns of a row's candidate blocks
 //   dsv_topk512_compact            top-512 over a compact row of (logit, column id)
-//   dsv_select_blocks              layer 20's candidate blocks (block max, top-K blocks)
+//   dsv_select_blocks / _wide      layer 20's candidate blocks (block max, top-K blocks)
 // Row ends are read on the device, so a CUDA graph captured once is right at every replay.
 #include "topk_select.h"
 

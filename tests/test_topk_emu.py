@@ -261,6 +261,23 @@ def test_select_at_the_kernels_bounds(emu, width):
     ref.check_select(x, 1, seq, 8, cands, f"wave{emu} select {width} columns")
 
 
+@pytest.mark.parametrize("extra", [-1, 0, 1])
+def test_select_as_many_specials_as_k(emu, extra):
+    """K - 1, K and K + 1 blocks at or above +inf (NaN and +inf scores, the pinned newest block):
+    the cut below them, at their edge, and among them."""
+    k, width = 256, 131072
+    x = logits_of(1, width, "randn", seed=20 + extra)
+    g = torch.Generator().manual_seed(21)
+    blocks = torch.randperm(width // 8 - 1, generator=g)[: k - 1 + extra]  # not the newest
+    x[0, blocks[::2] * 8] = float("nan")
+    x[0, blocks[1::2] * 8 + 3] = float("inf")
+    seq = torch.tensor([width], dtype=torch.int32)
+    cands = torch.full((1, k + 8), 777, dtype=torch.int32)
+    assert topk.select_candidates(x, 1, seq, 8, cands[:, :k])
+    ref.check_select(x, 1, seq, 8, cands[:, :k], f"wave{emu} select {k + extra} specials")
+    assert (cands[:, k:] == 777).all()  # nothing past K
+
+
 def test_select_block_as_large_as_the_bound(emu):
     """A block size of MAX_WIDTH: one block, the newest, pinned (int32 block arithmetic)."""
     x = logits_of(1, 16, "randn", seed=11)
