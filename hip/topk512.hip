@@ -497,7 +497,8 @@ __device__ __noinline__ uint32_t block_score(const float* row, int c0, int c1) {
 // rows, the cut below at 32 slots a thread, about 50k cycles in all): loads and scores 22.4k
 // cycles, the reduction 3.9k, the first radix pass 11.0k, the second 4.8k, the emit's count
 // and scan 3.3k, its writes 4.8k (rolled loops at 16 slots: within 10% of each). Every phase
-// takes several times its instruction count, and rolling the loops did not change that.
+// takes several times the cycles its instructions need to issue (estimated, not profiled), and
+// rolling the loops did not change that.
 using SelectSel = Sel<SELECT_THREADS, int32_t, SELECT_DIGIT>;
 
 // The kernels' body, for rows of at most ITEMS * SELECT_THREADS blocks. (LDS is declared in
