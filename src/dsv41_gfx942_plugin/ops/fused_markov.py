@@ -291,8 +291,9 @@ def sample_sequential(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
     try:
         _scratch(spec, base.device, vocab)
     except torch.OutOfMemoryError:
-        # Its first step, short of memory: vLLM's loop, which needs none of it; the next step
-        # tries again (the handler below must not allocate).
+        # No memory for the scratch (allocated at the first fused step): this step takes vLLM's
+        # loop, which needs none of it, and the next tries again (so the handler below never
+        # allocates).
         _log_once("no memory for the fused path's scratch")
         return _loop_rest(spec, num_reqs, base, sample_hidden)
     try:
