@@ -584,10 +584,8 @@ __device__ __forceinline__ void select_blocks(SelectSel& s, const float* logits,
     cut = radix_cut(s, ph, keys, (uint32_t)K, KEY_POS_INF, 0xffffffffu, pc, 32);
   } else if (nvalid > (uint32_t)K) {
     // The cut among the finite scores, below the nspec taken (above hi: every key > gt takes
-    // them), first over the top FLOOR_SPAN of their range, where it lies unless few scores do.
-    const uint32_t krem = (uint32_t)K - nspec;
-    cut = radix_cut(s, ph, keys, krem, thi - tlo > FLOOR_SPAN ? thi - FLOOR_SPAN : tlo, thi, pc, 32);
-    if (cut.total == 0) cut = radix_cut(s, ph, keys, krem, tlo, thi, pc, 32);
+    // them).
+    cut = span_cut(s, ph, keys, (uint32_t)K - nspec, tlo, thi, pc, 32);
     cut.total = (uint32_t)K;
   }
   int32_t* out_row = cands + r * cand_stride;

@@ -310,6 +310,17 @@ __device__ __forceinline__ Cut radix_cut(Sel<BLOCK, Id, B>& s, int& ph, Keys& ke
   }
 }
 
+// radix_cut over the top FLOOR_SPAN of [lo, hi] first, where the cut lies unless few keys do
+// (see top_k), and over all of [lo, hi] when that holds fewer than k keys.
+template <int BLOCK, class Id, int B, class Keys>
+__device__ __forceinline__ Cut span_cut(Sel<BLOCK, Id, B>& s, int& ph, Keys& keys, uint32_t k,
+                                        uint32_t lo, uint32_t hi, int& pc, int max_passes) {
+  Cut c = radix_cut(s, ph, keys, k, hi - lo > FLOOR_SPAN ? hi - FLOOR_SPAN : lo, hi, pc,
+                    max_passes);
+  if (c.total == 0) c = radix_cut(s, ph, keys, k, lo, hi, pc, max_passes);
+  return c;
+}
+
 // Two passes over 64 register keys that compare them with the same threshold would keep 64
 // comparison masks alive between the passes (the compiler reuses the first pass's), spilling
 // SGPRs on gfx942. Thread 0 stores the threshold before the block_scan/block_reduce call of
@@ -440,6 +451,7 @@ __device__ __forceinline__ uint32_t top_k(Sel<BLOCK, Id, B>& s, Keys& keys, uint
     // With fewer than k valid maxima (a partial chunk of 2-4 blocks of 512 columns: 4 keys a
     // group), the top two keys may still be k; the floor pass then spans every valid key, and
     // when even that holds fewer than k, there is no floor (every valid key is above 0).
+    // (span_cut, but retrying over every valid key when fewer than k maxima are valid.)
     Cut f = radix_cut(s, ph, top2, k, thi - tlo > FLOOR_SPAN ? thi - FLOOR_SPAN : tlo, thi, pc, 1);
     if (f.total == 0) f = radix_cut(s, ph, top2, k, nmax >= k ? tlo : 1u, thi, pc, 1);
     if (f.total != 0) floor = f.need_eq ? f.eq : f.gt + 1;
@@ -448,8 +460,7 @@ __device__ __forceinline__ uint32_t top_k(Sel<BLOCK, Id, B>& s, Keys& keys, uint
 #pragma unroll
     for (int g = 0; g < M; ++g) maxima.k[g] = mx[g];
     maxima.used = M;
-    Cut f = radix_cut(s, ph, maxima, k, thi - tlo > FLOOR_SPAN ? thi - FLOOR_SPAN : tlo, thi, pc, 1);
-    if (f.total == 0) f = radix_cut(s, ph, maxima, k, tlo, thi, pc, 1);
+    const Cut f = span_cut(s, ph, maxima, k, tlo, thi, pc, 1);
     floor = f.need_eq ? f.eq : f.gt + 1;
   }
   // One scan gives each key above the floor its position among them, and each key equal to it

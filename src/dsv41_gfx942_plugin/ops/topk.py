@@ -431,16 +431,15 @@ def select_candidates(logits, next_n, seq_lens, block_size, candidates) -> bool:
         and seq_lens.is_contiguous()
         and seq_lens.device == logits.device
         and _is_block_ids(candidates, rows, MAX_SELECT_K, logits.device)
-        and -(-width // block_size) <= MAX_SELECT_BLOCKS
     ):
         return False
+    blocks = -(-width // block_size)
     ends = seq_lens.numel()
     rep = 1 if ends == rows else next_n
-    if ends * rep < rows:
+    if blocks > MAX_SELECT_BLOCKS or ends * rep < rows:
         return False
-    wide = -(-width // block_size) > SELECT_BLOCKS
     return _launch_rows(
-        "dsv_select_blocks_wide" if wide else "dsv_select_blocks",
+        "dsv_select_blocks_wide" if blocks > SELECT_BLOCKS else "dsv_select_blocks",
         logits,
         logits.data_ptr(),
         logits.stride(0),
