@@ -17,8 +17,8 @@
 //     rows), the keys above it and the first equal ones are listed and written from there.
 //     Only rows with more than LIST keys above the floor select and write from the registers.
 // Positions come from prefix sums (no atomics). Histogram counts are aggregated per wave: the
-// lanes that share the wave's first one or two digits add with one LDS atomic, so rows of
-// equal values (-inf, masked logits) cost no more than others; when at least k keys equal the
+// lanes that share the wave's first active digit add with one LDS atomic, so rows of equal
+// values (-inf, masked logits) cost no more than others; when at least k keys equal the
 // floor (all -inf, ties) no histogram of the keys is needed.
 //
 // Where a workgroup's time goes (H200, Nsight Compute and clock64 stamps, a 16k chunk held by
@@ -146,9 +146,16 @@ __device__ __forceinline__ void block_reduce(Sel<BLOCK, Id, B>& s, int& ph, uint
   wave_reduce(a, b, c, d);
 }
 
-// Adds one wave's active digits to hist. The lanes holding the first active lane's digit add
-// with one atomic, then those holding the next remaining digit; the rest add one each. A wave
-// of equal keys therefore costs one atomic, not 64 on one LDS address.
+// Adds one wave's active digits to hist: the lanes holding the first active lane's digit add
+// with one atomic, the rest one each. A wave of equal keys (-inf, masked logits, ties) therefore
+// costs one atomic, not 64 on one LDS address (gfx942 serializes those: vLLM's top-k takes
+// 100 us on a 6 x 128k masked row for it, per ../shared/docs/performance-anchors.md). H200,
+// same run, two rounds, against aggregating the first two digits: selection random / tied /
+// specials 25.1-25.3 / 21.0 / 23.9 -> 23.2-23.4 / 19.7 / 22.0 us, decode 6x16k 9.34 -> 8.73,
+// 6x128k 14.9 -> 14.1, masked 16.3 -> 15.3, 32x1M 98.4 -> 94.4, masked 107.6 -> 102.0, tied
+// 111.3 -> 110.0, candidate top-k 10.75 -> 10.3; no shape slower. One plain atomic a key (no
+// aggregation) was faster still on the H200, tied rows too (selection 20.3, tied 17.8; decode
+// 6x128k 13.1, 32x1M 88.0), whose same-address shared atomics do not serialize as gfx942's do.
 __device__ __forceinline__ void count_digit(uint32_t* hist, bool active, uint32_t digit) {
   const lanemask_t m = dsv_ballot(active);
   if (m == 0) return;
@@ -157,15 +164,7 @@ __device__ __forceinline__ void count_digit(uint32_t* hist, bool active, uint32_
   const bool is_hot = active && digit == hot;
   const lanemask_t mh = dsv_ballot(is_hot);
   if (dsv_lane() == lead) atomicAdd(&hist[hot], (uint32_t)dsv_popc(mh));
-  bool rest = active && !is_hot;
-  const lanemask_t mr = dsv_ballot(rest);
-  if (mr == 0) return;
-  const int lead2 = dsv_ffs(mr) - 1;
-  const uint32_t hot2 = dsv_shfl(digit, lead2);
-  const bool is_hot2 = rest && digit == hot2;
-  const lanemask_t mh2 = dsv_ballot(is_hot2);
-  if (dsv_lane() == lead2) atomicAdd(&hist[hot2], (uint32_t)dsv_popc(mh2));
-  if (rest && !is_hot2) atomicAdd(&hist[digit], 1u);
+  if (active && !is_hot) atomicAdd(&hist[digit], 1u);
 }
 
 // Keys held in registers: N a thread, `used` of them (uniform across the workgroup); the floor

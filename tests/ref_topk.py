@@ -48,6 +48,18 @@ def make_logits(rows, width, kind="randn", seed=0, stride=None, device="cpu"):
     return x
 
 
+def specials_near_k(k: int, width: int, extra: int, device="cpu") -> torch.Tensor:
+    """A random [1, width] row with k - 1 + extra blocks of 8 (not the newest) holding a NaN or
+    a +inf: with the pinned newest block, k + extra block scores at or above +inf, so a top-k
+    selection's cut falls below them, at their edge or among them."""
+    x = make_logits(1, width, "randn", seed=20 + extra, device=device)
+    g = torch.Generator().manual_seed(21)
+    blocks = torch.randperm(width // 8 - 1, generator=g)[: k - 1 + extra].to(device)
+    x[0, blocks[::2] * 8] = float("nan")
+    x[0, blocks[1::2] * 8 + 3] = float("inf")
+    return x
+
+
 def order_key(x: torch.Tensor) -> torch.Tensor:
     """int64 keys in torch.topk order: NaN > +inf > ... > -inf; -0 == +0."""
     bits = x.float().contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF

@@ -266,11 +266,7 @@ def test_select_as_many_specials_as_k(emu, extra):
     """K - 1, K and K + 1 blocks at or above +inf (NaN and +inf scores, the pinned newest block):
     the cut below them, at their edge, and among them."""
     k, width = 256, 131072
-    x = logits_of(1, width, "randn", seed=20 + extra)
-    g = torch.Generator().manual_seed(21)
-    blocks = torch.randperm(width // 8 - 1, generator=g)[: k - 1 + extra]  # not the newest
-    x[0, blocks[::2] * 8] = float("nan")
-    x[0, blocks[1::2] * 8 + 3] = float("inf")
+    x = ref.specials_near_k(k, width, extra)
     seq = torch.tensor([width], dtype=torch.int32)
     cands = torch.full((1, k + 8), 777, dtype=torch.int32)
     assert topk.select_candidates(x, 1, seq, 8, cands[:, :k])

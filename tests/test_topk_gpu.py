@@ -211,6 +211,19 @@ def test_select_candidates(rows, width, ends, kind, k):
     ref.check_select(logits, 1, seq, 8, cands, f"select {kind}")
 
 
+@pytest.mark.parametrize("extra", [-1, 0, 1])
+def test_select_as_many_specials_as_k(extra):
+    """K - 1, K and K + 1 block scores at or above +inf: the cut below them, at their edge and
+    among them; nothing written past K."""
+    k, width = 256, 131072
+    x = ref.specials_near_k(k, width, extra, DEV)
+    seq = torch.tensor([width], dtype=torch.int32, device=DEV)
+    cands = torch.full((1, k + 8), 777, dtype=torch.int32, device=DEV)
+    assert topk.select_candidates(x, 1, seq, 8, cands[:, :k])
+    ref.check_select(x, 1, seq, 8, cands[:, :k], f"select {k + extra} specials")
+    assert (cands[:, k:] == 777).all()
+
+
 def test_select_one_length_a_request():
     next_n, reqs, width = 4, 2, 50000
     rows = next_n * reqs
