@@ -10,6 +10,7 @@
 #pragma once
 
 #include <stdint.h>
+#include <math.h>
 #include <string.h>
 #include <ucontext.h>
 

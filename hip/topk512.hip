@@ -476,6 +476,21 @@ DSV_KERNEL(COMPACT_THREADS, 1) dsv_topk512_compact(const float* logits, long lon
 }
 
 // ------------------------------------------------------- candidate blocks (layer 20)
+// The key of a block of 8 logits: the order key of their float maximum, or NaN's when one is
+// NaN (fmaxf drops NaN; the flag is one unordered compare a pair): the greatest of their 8
+// order keys (-0 and +0 share one) in half the instructions. The selection is bound by issuing
+// them: H200, same run, two rounds, 6 x 128k, K 2048, against the 8 order keys' maximum,
+// random / tied / specials / masked rows 23.2-23.4 / 19.7-19.9 / 22.1 / 22.9-23.0 -> 19.0-19.2 /
+// 15.7 / 17.9 / 18.8 us; the loads and scores alone (scratch kernels) 10.0-10.2 -> 6.0-6.2,
+// a float maximum with no NaN flag 5.7 (nvcc PTX for 16 blocks: 1465 -> 688 instructions;
+// gfx942 select kernel 8600 -> 7856).
+__device__ __forceinline__ uint32_t block_key(float4 x, float4 y) {
+  const bool nan = (x.x != x.x) | (x.y != x.y) | (x.z != x.z) | (x.w != x.w) | (y.x != y.x) |
+                   (y.y != y.y) | (y.z != y.z) | (y.w != y.w);
+  const float m = fmaxf(fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w)), fmaxf(fmaxf(y.x, y.y), fmaxf(y.z, y.w)));
+  return nan ? 0xffffffffu : order_key(m);
+}
+
 // The greatest key of columns [c0, c1): out of line, so that the unrolled loop that scores
 // the common 8-column blocks with two float4 loads stays small.
 __device__ __noinline__ uint32_t block_score(const float* row, int c0, int c1) {
@@ -496,9 +511,8 @@ __device__ __noinline__ uint32_t block_score(const float* row, int c0, int c1) {
 // Where its time goes (H200, clock64 stamps of thread 0 after each barrier, 6 x 128k random
 // rows, the cut below at 32 slots a thread, about 50k cycles in all): loads and scores 22.4k
 // cycles, the reduction 3.9k, the first radix pass 11.0k, the second 4.8k, the emit's count
-// and scan 3.3k, its writes 4.8k (rolled loops at 16 slots: within 10% of each). Every phase
-// takes several times the cycles its instructions need to issue (estimated, not profiled), and
-// rolling the loops did not change that.
+// and scan 3.3k, its writes 4.8k (rolled loops at 16 slots: within 10% of each). The loads'
+// phase was bound by the scores' instructions, not the memory (block_key: 10 -> 6 us alone).
 using SelectSel = Sel<SELECT_THREADS, int32_t, SELECT_DIGIT>;
 
 // The kernels' body, for rows of at most ITEMS * SELECT_THREADS blocks. (LDS is declared in
@@ -542,10 +556,7 @@ __device__ __forceinline__ void select_blocks(SelectSel& s, const float* logits,
         for (int j = 0; j < BATCH; ++j) {
           const int b = (q + j) * BLOCK + t, c0 = b * 8;
           if (c0 + 8 <= col_end)
-            m[j] = max(max(max(order_key(x[j].x), order_key(x[j].y)),
-                           max(order_key(x[j].z), order_key(x[j].w))),
-                       max(max(order_key(y[j].x), order_key(y[j].y)),
-                           max(order_key(y[j].z), order_key(y[j].w))));
+            m[j] = block_key(x[j], y[j]);
           else if (b < nb)
             m[j] = block_score(row, c0, col_end);
         }
