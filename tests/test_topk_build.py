@@ -198,10 +198,10 @@ def test_merge_holds_its_units():
 
 
 def test_top_k_fits_the_list():
-    """top_k's k (512) fits the LDS list, through which a floor that is the k-th key (ties,
-    -inf rows) writes its k entries."""
+    """top_k's k (512) and the selection's widest K fit the LDS list, through which a floor
+    that is the k-th key (ties, -inf rows) and the selection write their entries."""
     (found,) = re.findall(r"\bLIST = (\d+)", (HIP / "topk_select.h").read_text())
-    assert int(found) >= topk.TOPK
+    assert int(found) >= max(topk.TOPK, topk.MAX_SELECT_K)
 
 
 def arch_conditionals(text: str) -> list[str]:

@@ -70,8 +70,8 @@ MAX_CANDIDATE_COLUMNS = CHUNK
 # (16384 blocks, 128k columns of 8), 32 in dsv_select_blocks_wide (256k columns of 8).
 SELECT_BLOCKS = 16384
 MAX_SELECT_BLOCKS = 2 * SELECT_BLOCKS
-# ... and takes at most this many of them a row (vLLM: 2048); the kernels take any K, this is
-# the widest the tests run (tests/test_topk_emu.py).
+# ... and takes at most this many of them a row (vLLM: 2048): the kernels stage a row's ids in
+# the LDS list of hip/topk_select.h (LIST; tests/test_topk_build.py checks).
 MAX_SELECT_K = 4096
 
 # Kernel name -> C parameters (P pointer, q int64, i int32); checked against the code object's
