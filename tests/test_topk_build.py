@@ -152,6 +152,24 @@ def test_no_device_scope_fences(code_object):
     assert not re.findall(r"\bbuffer_(?:wbl2|inv)\b", asm)
 
 
+def test_fp32_denormals_are_kept(code_object):
+    """order_key ranks -0 as +0 by adding 0 (hip/topk_select.h), which keeps every other key
+    only while fp32 denormals are not flushed: each kernel's descriptor must say mode 3 (no
+    flush of inputs or outputs)."""
+    objdump = _llvm_tool("llvm-objdump")
+    if objdump is None:
+        pytest.skip("llvm-objdump is not installed")
+    descriptors = [f"--disassemble-symbols={name}.kd" for name in sorted(topk.KERNELS)]
+    asm = subprocess.run(
+        [objdump, "-D", "--mcpu=gfx942", *descriptors, str(code_object)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    modes = re.findall(r"\.amdhsa_float_denorm_mode_32 (\d+)", asm)
+    assert modes == ["3"] * len(topk.KERNELS)
+
+
 @pytest.mark.parametrize("name", sorted(topk.KERNELS))
 def test_argument_layout_matches_launcher(metadata, name):
     signature = topk.KERNELS[name]

@@ -84,6 +84,7 @@ def out(rows, cols=512):
         (1, 20000, [20000], "ties"),
         (2, 16384, [16384, 16000], "all_ninf"),
         (1, 33000, [33000], "sparse_finite"),
+        (1, 33000, [33000], "denormals"),  # the cut among zeros of both signs, below denormals
         (1, 32768, [32768], "masked"),
         (1, 40000, [40000], "cluster"),  # chunks cut their supersets at a radix pass's bin
         (4, 600, [0, 1, 512, 513], "randn"),  # short and empty rows

@@ -51,6 +51,7 @@ DECODE_CASES = [
     (6, 131072, None, "ties"),
     (6, 131072, None, "all_ninf"),
     (6, 131072, None, "sparse_finite"),
+    (3, 131072, [131072] * 3, "denormals"),  # the cut among zeros, below denormals
     (6, 131072, None, "specials"),
     (4, 100000, None, "equal"),
     (2, 1 << 20, [1 << 20, (1 << 20) - 77], "randn"),
