@@ -186,9 +186,12 @@ inline uint64_t emu_ballot(bool p) {
   for (int l = 0; l < dsv_emu::st().wave; ++l) m |= (v[l] ? 1ull : 0ull) << l;
   return m;
 }
-inline uint32_t emu_shfl(uint32_t x, int src) {
-  const uint64_t* v = dsv_emu::wave_exchange(x);
-  return (uint32_t)v[src % dsv_emu::st().wave];
+// Lane src's x, src taken from the wave's first lane, as gfx942's v_readlane_b32 reads one lane
+// named by a scalar (the compiler takes a divergent index's first lane): a caller passing
+// different lanes gets wrong values here too.
+inline uint32_t emu_bcast(uint32_t x, int src) {
+  const uint64_t* v = dsv_emu::wave_exchange((uint64_t)(uint32_t)src << 32 | x);
+  return (uint32_t)v[(v[0] >> 32) % dsv_emu::st().wave];
 }
 inline uint32_t emu_shfl_up(uint32_t x, int d) {
   const uint64_t* v = dsv_emu::wave_exchange(x);

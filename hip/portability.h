@@ -26,7 +26,7 @@ typedef uint64_t lanemask_t;
 inline lanemask_t dsv_ballot(bool p) { return emu_ballot(p); }
 inline int dsv_popc(lanemask_t m) { return __builtin_popcountll(m); }
 inline int dsv_ffs(lanemask_t m) { return __builtin_ffsll((long long)m); }
-inline uint32_t dsv_shfl(uint32_t v, int src) { return emu_shfl(v, src); }
+inline uint32_t dsv_bcast(uint32_t v, int src) { return emu_bcast(v, src); }
 inline uint32_t dsv_shfl_up(uint32_t v, int d) { return emu_shfl_up(v, d); }
 inline uint32_t dsv_shfl_xor(uint32_t v, int m) { return emu_shfl_xor(v, m); }
 
@@ -44,8 +44,11 @@ __device__ __forceinline__ lanemask_t dsv_ballot(bool p) { return __ballot(p); }
 __device__ __forceinline__ int dsv_popc(lanemask_t m) { return __popcll(m); }
 // 1-based index of the lowest set bit, 0 when none (like ffs).
 __device__ __forceinline__ int dsv_ffs(lanemask_t m) { return __ffsll((unsigned long long)m); }
-__device__ __forceinline__ uint32_t dsv_shfl(uint32_t v, int src) {
-  return (uint32_t)__shfl((int)v, src, DSV_WAVE);
+// Lane src's v in every lane; src must be the same in every lane (wave-uniform). A VALU read
+// of that lane (v_readlane_b32), where __shfl would go through LDS (ds_bpermute_b32, an LDS
+// round trip and a wait on it, each call).
+__device__ __forceinline__ uint32_t dsv_bcast(uint32_t v, int src) {
+  return (uint32_t)__builtin_amdgcn_readlane((int)v, src);
 }
 __device__ __forceinline__ uint32_t dsv_shfl_up(uint32_t v, int d) {
   return (uint32_t)__shfl_up((int)v, (unsigned)d, DSV_WAVE);
@@ -68,7 +71,7 @@ typedef uint32_t lanemask_t;
 __device__ __forceinline__ lanemask_t dsv_ballot(bool p) { return __ballot_sync(0xffffffffu, p); }
 __device__ __forceinline__ int dsv_popc(lanemask_t m) { return __popc(m); }
 __device__ __forceinline__ int dsv_ffs(lanemask_t m) { return __ffs((int)m); }
-__device__ __forceinline__ uint32_t dsv_shfl(uint32_t v, int src) {
+__device__ __forceinline__ uint32_t dsv_bcast(uint32_t v, int src) {
   return __shfl_sync(0xffffffffu, v, src);
 }
 __device__ __forceinline__ uint32_t dsv_shfl_up(uint32_t v, int d) {

@@ -112,9 +112,9 @@ __device__ __forceinline__ void block_scan(Sel<BLOCK, Id, B>& s, int& ph, uint32
   __syncthreads();
   const uint32_t pa = wave_scan(lane < NW ? s.part[buf][0][lane] : 0u);
   const uint32_t pb = wave_scan(lane < NW ? s.part[buf][1][lane] : 0u);
-  ta = dsv_shfl(pa, NW - 1);
-  tb = dsv_shfl(pb, NW - 1);
-  const uint32_t ba = dsv_shfl(pa, w > 0 ? w - 1 : 0), bb = dsv_shfl(pb, w > 0 ? w - 1 : 0);
+  ta = dsv_bcast(pa, NW - 1);
+  tb = dsv_bcast(pb, NW - 1);
+  const uint32_t ba = dsv_bcast(pa, w > 0 ? w - 1 : 0), bb = dsv_bcast(pb, w > 0 ? w - 1 : 0);
   a = (w > 0 ? ba : 0u) + xa - a;
   b = (w > 0 ? bb : 0u) + xb - b;
 }
@@ -168,7 +168,7 @@ __device__ __forceinline__ void count_digit(uint32_t* hist, bool active, uint32_
   const lanemask_t m = dsv_ballot(active);
   if (m == 0) return;
   const int lead = dsv_ffs(m) - 1;
-  const uint32_t hot = dsv_shfl(digit, lead);
+  const uint32_t hot = dsv_bcast(digit, lead);
   const bool is_hot = active && digit == hot;
   const lanemask_t mh = dsv_ballot(is_hot);
   const bool is_lead = dsv_lane() == lead;  // adds for every hot lane, at hist[digit] == hist[hot]
