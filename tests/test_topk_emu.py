@@ -241,6 +241,7 @@ def test_candidates_few_live(emu):
         ("specials", 2048),  # about 390 blocks score NaN or +inf: taken, the rest cut below
         ("specials", 256),  # more of them than K: the cut among them
         ("outliers", 2048),  # fewer than K scores near the greatest: the cut over all of them
+        ("denormals", 512),  # the cut among blocks scoring 0 (either sign), below denormals
     ],
 )
 def test_select(emu, kind, k):
