@@ -66,7 +66,7 @@ constexpr int STREAM_THREADS = 1024;
 // place of 255 KB; 26.5 / 29.1: the instruction fetch was not the bound), coalesced loads with
 // a lane pair a block (28.8 / 30.2). With block_key's cheaper scores, batch 2 (no sm_90 spill,
 // against 48 bytes at batch 4; gfx942 spills neither) took 18.1-18.3 -> 17.6-17.8 us (another
-// run, two rounds; _wide at batch 2, not 1: 2 x 256k 27.9 -> 27.2).
+// run, two rounds). _wide keeps batch 2 (20 bytes of sm_90 spill, none on gfx942).
 constexpr int SELECT_THREADS = 1024, SELECT_ITEMS = 16, SELECT_BATCH = 2;
 constexpr int SELECT_DIGIT = 10;  // 11 would pass sm_90's 48 KB of static shared memory
 // CAND_GROUP and COMPACT_GROUP: 16 keys a maximum, as CHUNK_GROUP (1024 maxima; at least 512

@@ -17,8 +17,9 @@
 //     rows), the keys above it and the first equal ones are listed and written from there.
 //     Only rows with more than LIST keys above the floor select and write from the registers.
 // Positions come from prefix sums (no atomics). Histogram counts are aggregated per wave: the
-// lanes that share the wave's first active digit add with one LDS atomic, so rows of equal
-// values (-inf, masked logits) cost no more than others; when at least k keys equal the
+// lanes that share the wave's first active digit add as one, so a wave of equal values (-inf,
+// masked logits) costs one atomic (a wave split between two values whose first active lane holds
+// the rarer one still puts the other lanes on one address: not measurable on the H200); when at least k keys equal the
 // floor (all -inf, ties) no histogram of the keys is needed.
 //
 // Where a workgroup's time goes (H200, Nsight Compute and clock64 stamps, a 16k chunk held by
@@ -65,7 +66,7 @@ __device__ __forceinline__ uint32_t order_key(float f) {
 
 // Id: the type of the list's column ids. dsv_topk512_chunks stores a chunk's local column
 // (< 16384) as uint16_t: 26.3 KiB of LDS in place of 34.6, so two of its workgroups fit a
-// gfx942 CU's 64 KiB (its 97-100 VGPRs allow two as well); the other kernels keep int32 ids.
+// gfx942 CU's 64 KiB (its 87 VGPRs allow two as well); the other kernels keep int32 ids.
 template <int BLOCK, class Id = int32_t, int BITS = DIGIT>
 struct Sel {
   static constexpr int NWAVES = BLOCK / DSV_WAVE;

@@ -38,14 +38,16 @@ def make_logits(rows, width, kind="randn", seed=0, stride=None, device="cpu"):
         x.masked_fill_((u >= 0.003) & (u < 0.01), -0.0)
         x.masked_fill_((u >= 0.01) & (u < 0.02), 0.0)
         x.masked_fill_((u >= 0.02) & (u < 0.1), neg)
-    elif kind == "denormals":  # a top-512 cut among zeros of both signs, below fp32 denormals:
-        # 300 positives, 150 denormals, 150 -0 and 150 +0 a row, the rest -inf
+    elif kind == "denormals":  # a top-512 cut among zeros of both signs, between fp32
+        # denormals: 300 positives, 75 positive and 75 negative denormals, 150 -0 and 150 +0 a
+        # row, the rest -inf
         x.fill_(neg)
         for r in range(rows):
             cols = torch.randperm(width, device=device, generator=g)[:750]
             x[r, cols[:300]] = torch.rand(300, device=device, generator=g) + 1
             bits = torch.randint(1, 1 << 23, (150,), device=device, generator=g, dtype=torch.int32)
             x[r, cols[300:450]] = bits.view(torch.float32)
+            x[r, cols[375:450]] *= -1
             x[r, cols[450:600]] = -0.0
             x[r, cols[600:750]] = 0.0
     elif kind == "outliers":  # a few finite logits 30 binades above the rest: a wide key range

@@ -84,7 +84,7 @@ def out(rows, cols=512):
         (1, 20000, [20000], "ties"),
         (2, 16384, [16384, 16000], "all_ninf"),
         (1, 33000, [33000], "sparse_finite"),
-        (1, 33000, [33000], "denormals"),  # the cut among zeros of both signs, below denormals
+        (1, 33000, [33000], "denormals"),  # the cut among zeros, between denormals
         (1, 32768, [32768], "masked"),
         (1, 40000, [40000], "cluster"),  # chunks cut their supersets at a radix pass's bin
         (4, 600, [0, 1, 512, 513], "randn"),  # short and empty rows
@@ -241,7 +241,7 @@ def test_candidates_few_live(emu):
         ("specials", 2048),  # about 390 blocks score NaN or +inf: taken, the rest cut below
         ("specials", 256),  # more of them than K: the cut among them
         ("outliers", 2048),  # fewer than K scores near the greatest: the cut over all of them
-        ("denormals", 512),  # the cut among blocks scoring 0 (either sign), below denormals
+        ("denormals", 512),  # the cut among zero scores, between denormals
     ],
 )
 def test_select(emu, kind, k):

@@ -51,7 +51,7 @@ DECODE_CASES = [
     (6, 131072, None, "ties"),
     (6, 131072, None, "all_ninf"),
     (6, 131072, None, "sparse_finite"),
-    (3, 131072, [131072] * 3, "denormals"),  # the cut among zeros, below denormals
+    (3, 131072, [131072] * 3, "denormals"),  # the cut among zeros, between denormals
     (6, 131072, None, "specials"),
     (4, 100000, None, "equal"),
     (2, 1 << 20, [1 << 20, (1 << 20) - 77], "randn"),
@@ -191,7 +191,7 @@ SELECT_CASES = [
     (6, 131072, [131072] * 6, "specials", 256),  # more NaN / +inf scores than K
     (2, 131072, None, "equal", 2048),
     (3, 131072, None, "outliers", 2048),
-    (3, 131072, [131072] * 3, "denormals", 512),  # the cut among zero scores, below denormals
+    (3, 131072, [131072] * 3, "denormals", 512),  # the cut among zero scores, between denormals
     (6, 131072, None, "ties", 2048),
     (4, 131072, None, "masked", 2048),
     (3, 20000, [20000, 19999, 25000], "randn", 2048),  # a length past the width
