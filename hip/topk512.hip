@@ -501,7 +501,8 @@ DSV_KERNEL(COMPACT_THREADS, 1) dsv_topk512_compact(const float* logits, long lon
 __device__ __forceinline__ uint32_t block_key(float4 x, float4 y) {
   const bool nan = (x.x != x.x) | (x.y != x.y) | (x.z != x.z) | (x.w != x.w) | (y.x != y.x) |
                    (y.y != y.y) | (y.z != y.z) | (y.w != y.w);
-  const float m = fmaxf(fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w)), fmaxf(fmaxf(y.x, y.y), fmaxf(y.z, y.w)));
+  const float m = fmaxf(fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w)),
+                        fmaxf(fmaxf(y.x, y.y), fmaxf(y.z, y.w)));
   return nan ? 0xffffffffu : order_key(m);
 }
 
@@ -637,6 +638,6 @@ DSV_KERNEL(SELECT_THREADS, 1) dsv_select_blocks(SELECT_ARGS) {
 
 DSV_KERNEL(SELECT_THREADS, 1) dsv_select_blocks_wide(SELECT_ARGS) {
   __shared__ SelectSel s;
-  select_blocks<2 * SELECT_ITEMS, SELECT_BATCH>(s, logits, row_stride, width, seq_lens, rep,
-                                                    bs, cands, cand_stride, K);
+  select_blocks<2 * SELECT_ITEMS, SELECT_BATCH>(s, logits, row_stride, width, seq_lens, rep, bs,
+                                                cands, cand_stride, K);
 }

@@ -18,9 +18,9 @@
 //     Only rows with more than LIST keys above the floor select and write from the registers.
 // Positions come from prefix sums (no atomics). Histogram counts are aggregated per wave: the
 // lanes that share the wave's first active digit add as one, so a wave of equal values (-inf,
-// masked logits) costs one atomic (a wave split between two values whose first active lane holds
-// the rarer one still puts the other lanes on one address: not measurable on the H200); when at least k keys equal the
-// floor (all -inf, ties) no histogram of the keys is needed.
+// masked logits) costs one atomic (a wave split between two values whose first active lane
+// holds the rarer one still puts the other lanes on one address: not measurable on the H200);
+// when at least k keys equal the floor (all -inf, ties) no histogram of the keys is needed.
 //
 // Where a workgroup's time goes (H200, Nsight Compute and clock64 stamps, a 16k chunk held by
 // 256 threads x 64 keys): each warp runs one long serial chain, about 3800 instructions at 11
@@ -132,8 +132,8 @@ __device__ __forceinline__ void wave_reduce(uint32_t& a, uint32_t& b, uint32_t& 
 
 // Workgroup sums of a and b, max of c, min of d, in every thread, with one barrier.
 template <int BLOCK, class Id, int B>
-__device__ __forceinline__ void block_reduce(Sel<BLOCK, Id, B>& s, int& ph, uint32_t& a, uint32_t& b,
-                                             uint32_t& c, uint32_t& d) {
+__device__ __forceinline__ void block_reduce(Sel<BLOCK, Id, B>& s, int& ph, uint32_t& a,
+                                             uint32_t& b, uint32_t& c, uint32_t& d) {
   constexpr int NW = Sel<BLOCK, Id, B>::NWAVES;
   const int buf = ph++ & 1;
   wave_reduce(a, b, c, d);
@@ -153,9 +153,10 @@ __device__ __forceinline__ void block_reduce(Sel<BLOCK, Id, B>& s, int& ph, uint
 }
 
 // Adds one wave's active digits to hist in one atomic instruction: the first active lane adds
-// for every lane holding its digit, the other lanes one each. A wave of equal keys (-inf, masked logits, ties) therefore
-// costs one atomic, not 64 on one LDS address (gfx942 serializes those: vLLM's top-k takes
-// 100 us on a 6 x 128k masked row for it, per ../shared/docs/performance-anchors.md). H200,
+// for every lane holding its digit, the other lanes one each. A wave of equal keys (-inf,
+// masked logits, ties) therefore costs one atomic, not 64 on one LDS address (gfx942
+// serializes those: vLLM's top-k takes 100 us on a 6 x 128k masked row for it, per
+// ../shared/docs/performance-anchors.md). H200,
 // same run, two rounds, against aggregating the first two digits: selection random / tied /
 // specials 25.1-25.3 / 21.0 / 23.9 -> 23.2-23.4 / 19.7 / 22.0 us, decode 6x16k 9.34 -> 8.73,
 // 6x128k 14.9 -> 14.1, masked 16.3 -> 15.3, 32x1M 98.4 -> 94.4, masked 107.6 -> 102.0, tied
@@ -172,8 +173,9 @@ __device__ __forceinline__ void count_digit(uint32_t* hist, bool active, uint32_
   const uint32_t hot = dsv_bcast(digit, lead);
   const bool is_hot = active && digit == hot;
   const lanemask_t mh = dsv_ballot(is_hot);
-  const bool is_lead = dsv_lane() == lead;  // adds for every hot lane, at hist[digit] == hist[hot]
-  if (active && (is_lead || !is_hot)) atomicAdd(&hist[digit], is_lead ? (uint32_t)dsv_popc(mh) : 1u);
+  const bool is_lead = dsv_lane() == lead;  // adds for every hot lane (hist[digit] is hist[hot])
+  if (active && (is_lead || !is_hot))
+    atomicAdd(&hist[digit], is_lead ? (uint32_t)dsv_popc(mh) : 1u);
 }
 
 // Keys held in registers: N a thread, `used` of them (uniform across the workgroup); the floor
@@ -346,8 +348,8 @@ __device__ __forceinline__ void relay(Sel<BLOCK, Id, B>& s, int buf, uint32_t a,
 // prefix sums of each thread's counts (no atomics). Returns n: cut.total for an exact cut, every
 // key above cut.gt for a floor (need_eq 0).
 template <int BLOCK, class Id, int B, class Keys, class Pay, class Out>
-__device__ __forceinline__ uint32_t emit(Sel<BLOCK, Id, B>& s, int& ph, Keys& keys, const Cut cut, Pay pay,
-                                     Out out) {
+__device__ __forceinline__ uint32_t emit(Sel<BLOCK, Id, B>& s, int& ph, Keys& keys, const Cut cut,
+                                         Pay pay, Out out) {
   uint32_t ngt = 0, neq = 0;
   keys.each([&](uint32_t key, int) {
     ngt += key > cut.gt;
