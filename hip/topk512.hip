@@ -66,8 +66,10 @@ constexpr int STREAM_THREADS = 1024;
 // place of 255 KB; 26.5 / 29.1: the instruction fetch was not the bound), coalesced loads with
 // a lane pair a block (28.8 / 30.2). With block_key's cheaper scores, batch 2 (no sm_90 spill,
 // against 48 bytes at batch 4; gfx942 spills neither) took 18.1-18.3 -> 17.6-17.8 us (another
-// run, two rounds). _wide keeps batch 2 (20 bytes of sm_90 spill, none on gfx942).
-constexpr int SELECT_THREADS = 1024, SELECT_ITEMS = 16, SELECT_BATCH = 2;
+// run, two rounds). _wide loads one slot at a time: with SPARSE_POP's second count loop, batch 2
+// spilled 376 bytes under sm_90's 64 registers (6 x 256k 29.2-29.3 -> 32.2 us, same run, two
+// rounds), batch 1 none (29.4); gfx942 spills neither.
+constexpr int SELECT_THREADS = 1024, SELECT_ITEMS = 16, SELECT_BATCH = 2, SELECT_WIDE_BATCH = 1;
 constexpr int SELECT_DIGIT = 10;  // 11 would pass sm_90's 48 KB of static shared memory
 // CAND_GROUP and COMPACT_GROUP: 16 keys a maximum, as CHUNK_GROUP (1024 maxima; at least 512
 // once a row holds 512 entries, else every key fits the LDS list). H200, same-run A/B against
@@ -524,10 +526,15 @@ __device__ __noinline__ uint32_t block_score(const float* row, int c0, int c1) {
 // eager (one launch more of host time), and the issue asks one launch; on ROCm vLLM launches
 // the indexer eagerly by default (an eager break of its breakable graph). Not adopted.
 // Where its time goes (H200, clock64 stamps of thread 0 after each barrier, 6 x 128k random
-// rows, the cut below at 32 slots a thread, about 50k cycles in all): loads and scores 22.4k
-// cycles, the reduction 3.9k, the first radix pass 11.0k, the second 4.8k, the emit's count
-// and scan 3.3k, its writes 4.8k (rolled loops at 16 slots: within 10% of each). The loads'
-// phase was bound by the scores' instructions, not the memory (block_key: 10 -> 6 us alone).
+// rows, 30.3k cycles in all, before SPARSE_POP): thread 0's loads and scores 10.7k cycles, the
+// reduction (the other waves' loads) 3.4k, the first radix pass's count 5.3k and its scan 1.0k,
+// the second's 3.4k and 1.0k, the emit's count and scan 2.1k, its LDS writes 2.1k, the
+// coalesced output 0.8k. (An earlier cut with 32 slots a thread: 50k cycles, 22.4k of them in
+// the loads, before block_key.) Not adopted: the first pass counted as the scores arrive, over
+// fixed bins of the keys' top 12 bits, with no reduction (H200, same run: random rows 16.3-16.5
+// -> 17.0-17.1 us, tied 14.5-14.6 -> 18.7; masked 15.6-15.8 -> 14.2): the loads are bound by
+// issuing, so the count added to them what it saved later; and 512 threads of 32 scores
+// (16.3-16.5 -> 20.3 us).
 using SelectSel = Sel<SELECT_THREADS, int32_t, SELECT_DIGIT>;
 
 // The kernels' body, for rows of at most ITEMS * SELECT_THREADS blocks. (LDS is declared in
@@ -638,6 +645,6 @@ DSV_KERNEL(SELECT_THREADS, 1) dsv_select_blocks(SELECT_ARGS) {
 
 DSV_KERNEL(SELECT_THREADS, 1) dsv_select_blocks_wide(SELECT_ARGS) {
   __shared__ SelectSel s;
-  select_blocks<2 * SELECT_ITEMS, SELECT_BATCH>(s, logits, row_stride, width, seq_lens, rep, bs,
-                                                cands, cand_stride, K);
+  select_blocks<2 * SELECT_ITEMS, SELECT_WIDE_BATCH>(s, logits, row_stride, width, seq_lens, rep,
+                                                      bs, cands, cand_stride, K);
 }

@@ -19,8 +19,9 @@
 // Positions come from prefix sums (no atomics). Histogram counts are aggregated per wave: the
 // lanes that share the wave's first active digit add as one, so a wave of equal values (-inf,
 // masked logits) costs one atomic (a wave split between two values whose first active lane
-// holds the rarer one still puts the other lanes on one address: not measurable on the H200);
-// when at least k keys equal the floor (all -inf, ties) no histogram of the keys is needed.
+// holds the rarer one still puts the other lanes on one address: not measurable on the H200),
+// except in a pass over at most SPARSE_POP keys, one plain atomic each; when at least k keys
+// equal the floor (all -inf, ties) no histogram of the keys is needed.
 //
 // Where a workgroup's time goes (H200, Nsight Compute and clock64 stamps, a 16k chunk held by
 // 256 threads x 64 keys): each warp runs one long serial chain, about 3800 instructions at 11
@@ -52,6 +53,15 @@ constexpr uint32_t KEY_NEG_INF = 0x007fffffu;  // order_key(-inf): the least val
 // The floor pass's range at most (keys: 2^23 a binade of floats, so 8 binades below the
 // greatest key), when at least k of its keys lie in it; see top_k.
 constexpr uint32_t FLOOR_SPAN = 1u << 26;
+// A radix pass over a range known to hold at most this many keys (a pass after the first: the
+// previous pass's bin count) counts each with a plain LDS atomic, not count_digit's ballots and
+// broadcast in every slot: however those keys share addresses, gfx942 serializes at most this
+// many updates. H200, same run, two rounds: selection random / specials rows 16.29-16.46 /
+// 16.54-16.55 -> 15.90-15.91 / 15.97-15.99 us, candidate top-k 9.92-9.94 -> 9.82-9.84; tied
+// and masked rows, decode 6 x 128k and 32 x 1M within 0.3% (their later passes run over the
+// LDS list, or over many tied keys). The selection's second pass had taken 3.4k cycles with
+// about 40 of its 16384 keys in range (clock64 stamps), the first 5.3k with all of them.
+constexpr uint32_t SPARSE_POP = 256;
 
 // -0 ranks as +0 because -0 + 0 is +0 (denormals are kept: gfx942's kernels run with
 // float_denorm_mode_32 3, tests/test_topk_build.py). H200, same run, two rounds, against
@@ -262,7 +272,7 @@ template <int BLOCK, class Id, int B, class Keys>
 __device__ __forceinline__ Cut radix_cut(Sel<BLOCK, Id, B>& s, int& ph, Keys& keys, uint32_t k,
                                          uint32_t lo, uint32_t hi, int& pc, int max_passes,
                                          uint32_t loose = 0) {
-  uint32_t krem = k;
+  uint32_t krem = k, pop = 0xffffffffu;  // keys in [lo, hi], once a pass has counted them
 #pragma unroll 1
   for (int p = 0;; ++p, ++pc) {
     if (lo == hi) return Cut{lo, lo, krem, k};  // one key value left: krem of its ties
@@ -272,9 +282,15 @@ __device__ __forceinline__ Cut radix_cut(Sel<BLOCK, Id, B>& s, int& ph, Keys& ke
     const int nb = (int)(span >> shift) + 1;
     uint32_t* hist = s.hist[pc & 1];
     for (int i = threadIdx.x; i < Sel<BLOCK, Id, B>::BINS; i += BLOCK) s.hist[(pc + 1) & 1][i] = 0;
-    keys.each([&](uint32_t key, int) {
-      count_digit(hist, key >= lo && key <= hi, (key - lo) >> shift);
-    });
+    if (pop <= SPARSE_POP) {  // few keys in range: one plain atomic each
+      keys.each([&](uint32_t key, int) {
+        if (key >= lo && key <= hi) atomicAdd(&hist[(key - lo) >> shift], 1u);
+      });
+    } else {
+      keys.each([&](uint32_t key, int) {
+        count_digit(hist, key >= lo && key <= hi, (key - lo) >> shift);
+      });
+    }
     __syncthreads();
     // The bin where the count from the top reaches krem: thread t sums bins nb-1-t*per down.
     constexpr int per = (Sel<BLOCK, Id, B>::BINS + BLOCK - 1) / BLOCK;
@@ -315,6 +331,7 @@ __device__ __forceinline__ Cut radix_cut(Sel<BLOCK, Id, B>& s, int& ph, Keys& ke
       return Cut{least - 1, 0u, 0u, k};
     }
     lo = least;
+    pop = cnt;
     const uint64_t top = (uint64_t)least + ((1ull << shift) - 1);
     hi = top < hi ? (uint32_t)top : hi;
   }
@@ -346,7 +363,10 @@ __device__ __forceinline__ void relay(Sel<BLOCK, Id, B>& s, int buf, uint32_t a,
 
 // Calls out(key, pay(slot), position) for each key the cut takes; positions are 0..n-1, from
 // prefix sums of each thread's counts (no atomics). Returns n: cut.total for an exact cut, every
-// key above cut.gt for a floor (need_eq 0).
+// key above cut.gt for a floor (need_eq 0). A cut with no ties to take (need_eq 0, uniform)
+// runs loops with no equality test: H200, same run, two rounds, selection random / masked /
+// specials rows 15.88-15.89 / 15.64-15.65 / 16.00-16.01 -> 15.04-15.08 / 14.80-14.81 /
+// 15.18-15.20 us; tied rows, decode and the candidate top-k within 0.5%.
 template <int BLOCK, class Id, int B, class Keys, class Pay, class Out>
 __device__ __forceinline__ uint32_t emit(Sel<BLOCK, Id, B>& s, int& ph, Keys& keys, const Cut cut,
                                          Pay pay, Out out) {
@@ -362,14 +382,20 @@ __device__ __forceinline__ uint32_t emit(Sel<BLOCK, Id, B>& s, int& ph, Keys& ke
   const uint32_t gt = s.relay[buf][0], eq = s.relay[buf][1];
   const uint32_t eq_base = cut.total - cut.need_eq, need_eq = cut.need_eq;
   // pay and out by value: a closure holding their addresses would stay in scratch memory.
-  keys.each([&ngt, &neq, gt, eq, need_eq, eq_base, pay, out](uint32_t key, int slot) {
-    if (key > gt) {
-      out(key, pay(slot), ngt++);
-    } else if (need_eq != 0 && key == eq) {
-      if (neq < need_eq) out(key, pay(slot), eq_base + neq);
-      ++neq;
-    }
-  });
+  if (need_eq == 0) {
+    keys.each([&ngt, gt, pay, out](uint32_t key, int slot) {
+      if (key > gt) out(key, pay(slot), ngt++);
+    });
+  } else {
+    keys.each([&ngt, &neq, gt, eq, need_eq, eq_base, pay, out](uint32_t key, int slot) {
+      if (key > gt) {
+        out(key, pay(slot), ngt++);
+      } else if (key == eq) {
+        if (neq < need_eq) out(key, pay(slot), eq_base + neq);
+        ++neq;
+      }
+    });
+  }
   return t1 + need_eq;
 }
 
