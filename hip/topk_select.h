@@ -364,9 +364,11 @@ __device__ __forceinline__ void relay(Sel<BLOCK, Id, B>& s, int buf, uint32_t a,
 // Calls out(key, pay(slot), position) for each key the cut takes; positions are 0..n-1, from
 // prefix sums of each thread's counts (no atomics). Returns n: cut.total for an exact cut, every
 // key above cut.gt for a floor (need_eq 0). A cut with no ties to take (need_eq 0, uniform)
-// runs loops with no equality test: H200, same run, two rounds, selection random / masked /
-// specials rows 15.88-15.89 / 15.64-15.65 / 16.00-16.01 -> 15.04-15.08 / 14.80-14.81 /
-// 15.18-15.20 us; tied rows, decode and the candidate top-k within 0.5%.
+// writes with a loop that has no equality test: H200, same run, two rounds, selection random /
+// masked / specials rows 15.85-15.87 / 15.66-15.68 / 15.93-15.96 -> 15.21-15.29 / 14.99-15.00 /
+// 15.29-15.32 us; tied rows, decode and the candidate top-k within 0.5%. The count loop split
+// the same way gained 0.2 us more but took the gfx942 chunk kernel from 87 to 134 VGPRs (one
+// workgroup a CU, not two): not done.
 template <int BLOCK, class Id, int B, class Keys, class Pay, class Out>
 __device__ __forceinline__ uint32_t emit(Sel<BLOCK, Id, B>& s, int& ph, Keys& keys, const Cut cut,
                                          Pay pay, Out out) {
