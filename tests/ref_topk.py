@@ -72,6 +72,23 @@ def specials_near_k(k: int, width: int, extra: int, device="cpu") -> torch.Tenso
     return x
 
 
+def tied_bin_row(k: int, width: int, pop: int, device="cpu") -> torch.Tensor:
+    """A [1, width] row for the selection (blocks of 8) whose cut falls among `pop` adjacent
+    blocks scoring within pop / 4 ulps of 1.0 in tied groups of 4 (one bin of the first radix
+    pass: the second runs over exactly `pop` keys, several on one histogram address), with
+    k - 2 - pop // 2 blocks above them in [8, 16), the pinned newest block, the rest -inf. With
+    pop 256 the cut takes 1 of a tied group (a third pass); with 257 it ends at a bin's edge."""
+    above = k - 2 - pop // 2
+    g = torch.Generator().manual_seed(pop)
+    x = torch.full((1, width), float("-inf"))
+    tied = torch.arange(1000, 1000 + pop)  # adjacent blocks: lanes of one wave, one slot
+    one = torch.tensor([1.0]).view(torch.int32)
+    x[0, tied * 8] = (one + torch.arange(pop, dtype=torch.int32) // 4).view(torch.float32)
+    rest = torch.randperm(width // 8 - 1 - 1000 - pop, generator=g)[:above] + 1000 + pop
+    x[0, rest * 8] = 8 + 8 * torch.rand(above, generator=g)
+    return x.to(device)
+
+
 def order_key(x: torch.Tensor) -> torch.Tensor:
     """int64 keys in torch.topk order: NaN > +inf > ... > -inf; -0 == +0."""
     bits = x.float().contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF

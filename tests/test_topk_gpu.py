@@ -226,6 +226,18 @@ def test_select_as_many_specials_as_k(extra):
     assert (cands[:, k:] == 777).all()
 
 
+@pytest.mark.parametrize("pop", [256, 257])  # hip/topk_select.h's SPARSE_POP and one more
+def test_select_cut_in_a_tied_bin(pop):
+    """Radix passes over SPARSE_POP keys (one plain atomic a key, many on one address) and one
+    more (the wave-aggregated count), the cut inside a group of tied scores."""
+    k, width = 2048, 131072
+    x = ref.tied_bin_row(k, width, pop, DEV)
+    seq = torch.tensor([width], dtype=torch.int32, device=DEV)
+    cands = torch.full((1, k), 777, dtype=torch.int32, device=DEV)
+    assert topk.select_candidates(x, 1, seq, 8, cands)
+    ref.check_select(x, 1, seq, 8, cands, f"select tied bin of {pop}")
+
+
 def test_select_one_length_a_request():
     next_n, reqs, width = 4, 2, 50000
     rows = next_n * reqs
