@@ -56,19 +56,19 @@ constexpr int MERGE_THREADS = 512, MERGE_ITEMS = 16, MERGE_GROUP = 8;
 constexpr int MERGE_UNITS = 8;  // units of candidate slots (ops/topk.py's CHUNK_SLOTS, 1024) a
                                 // merge workgroup holds (tests/test_topk_build.py checks)
 constexpr int STREAM_THREADS = 1024;
-// dsv_select_blocks: 16 slots a thread (rows of up to 16384 blocks, 128k columns of 8; _wide
-// holds 32), loads of SELECT_BATCH slots issued together, radix passes of
+// dsv_select_blocks: 16 slots a thread (rows of up to 16384 blocks, 128k columns of 8; _wide holds
+// 32), loads of SELECT_BATCH slots (_wide: SELECT_WIDE_BATCH) issued together, radix passes of
 // SELECT_DIGIT bits. H200, 6 x 128k, K 2048, graph replay, one run, hot / from DRAM (us): the
 // previous kernel (32 slots, batch 2, top_k's floor and list) 25.6-25.9 / 27.3-27.7; its cut
-// replaced by the one below 24.8-25.0 / 27.3-27.4 (digits of 8: 27.9 / 29.5; batch 4: 24.8 /
-// 26.2, spilling 212 bytes at 32 slots); with 16 slots and batch 4, 23.8-24.0 / 25.3 (batch
-// 2: 24.5 / 26.9). Not adopted (same runs): rolled loops over the keys (36 KB of sm_90 code in
-// place of 255 KB; 26.5 / 29.1: the instruction fetch was not the bound), coalesced loads with
-// a lane pair a block (28.8 / 30.2). With block_key's cheaper scores, batch 2 (no sm_90 spill,
-// against 48 bytes at batch 4; gfx942 spills neither) took 18.1-18.3 -> 17.6-17.8 us (another
-// run, two rounds). _wide loads one slot at a time: with SPARSE_POP's second count loop, batch 2
-// spilled 376 bytes under sm_90's 64 registers (6 x 256k 29.2-29.3 -> 32.2 us, same run, two
-// rounds), batch 1 none (29.4); gfx942 spills neither.
+// replaced by the one below 24.8-25.0 / 27.3-27.4 (digits of 8: 27.9 / 29.5; batch 4: 24.8 / 26.2,
+// spilling 212 bytes at 32 slots); with 16 slots and batch 4, 23.8-24.0 / 25.3 (batch 2: 24.5 /
+// 26.9). Not adopted (same runs): rolled loops over the keys (36 KB of sm_90 code in place of 255
+// KB; 26.5 / 29.1: the instruction fetch was not the bound), coalesced loads with a lane pair a
+// block (28.8 / 30.2). With block_key's cheaper scores, batch 2 (no sm_90 spill, against 48 bytes
+// at batch 4; gfx942 spills neither) took 18.1-18.3 -> 17.6-17.8 us (another run, two rounds).
+// _wide loads one slot at a time: with SPARSE_POP's second count loop, batch 2 spilled 376 bytes
+// under sm_90's 64 registers (6 x 256k 29.17-29.28 -> 32.19-32.21 us, same run, two rounds), batch
+// 1 none (29.36-29.38); gfx942 spills neither.
 constexpr int SELECT_THREADS = 1024, SELECT_ITEMS = 16, SELECT_BATCH = 2, SELECT_WIDE_BATCH = 1;
 constexpr int SELECT_DIGIT = 10;  // 11 would pass sm_90's 48 KB of static shared memory
 // CAND_GROUP and COMPACT_GROUP: 16 keys a maximum, as CHUNK_GROUP (1024 maxima; at least 512

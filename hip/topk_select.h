@@ -56,11 +56,13 @@ constexpr uint32_t FLOOR_SPAN = 1u << 26;
 // A radix pass over a range known to hold at most this many keys (a pass after the first: the
 // previous pass's bin count) counts each with a plain LDS atomic, not count_digit's ballots and
 // broadcast in every slot: however those keys share addresses, gfx942 serializes at most this
-// many updates. H200, same run, two rounds: selection random / specials rows 16.29-16.46 /
-// 16.54-16.55 -> 15.90-15.91 / 15.97-15.99 us, candidate top-k 9.92-9.94 -> 9.82-9.84; tied
-// and masked rows, decode 6 x 128k and 32 x 1M within 0.3% (their later passes run over the
-// LDS list, or over many tied keys). The selection's second pass had taken 3.4k cycles with
-// about 40 of its 16384 keys in range (clock64 stamps), the first 5.3k with all of them.
+// many updates. H200, one same-run A/B with emit's split below, two rounds: selection random /
+// specials rows 16.24-16.47 / 16.46-16.53 -> 15.85-15.87 / 15.93-15.96 us, candidate top-k
+// 10.68-10.70 -> 10.53-10.58; tied and masked rows, decode 6 x 128k and 32 x 1M within 1%
+// (their later passes run over the LDS list, or over many tied keys). The selection's second
+// pass had taken 3.4k cycles with about 40 of its 16384 keys in range (clock64 stamps), the
+// first 5.3k with all of them. Keys tied on one value cost up to SPARSE_POP serialized updates
+// in each remaining pass on gfx942 (not measured), where the aggregation costs one a slot.
 constexpr uint32_t SPARSE_POP = 256;
 
 // -0 ranks as +0 because -0 + 0 is +0 (denormals are kept: gfx942's kernels run with
@@ -364,9 +366,10 @@ __device__ __forceinline__ void relay(Sel<BLOCK, Id, B>& s, int buf, uint32_t a,
 // Calls out(key, pay(slot), position) for each key the cut takes; positions are 0..n-1, from
 // prefix sums of each thread's counts (no atomics). Returns n: cut.total for an exact cut, every
 // key above cut.gt for a floor (need_eq 0). A cut with no ties to take (need_eq 0, uniform)
-// writes with a loop that has no equality test: H200, same run, two rounds, selection random /
-// masked / specials rows 15.85-15.87 / 15.66-15.68 / 15.93-15.96 -> 15.21-15.29 / 14.99-15.00 /
-// 15.29-15.32 us; tied rows, decode and the candidate top-k within 0.5%. The count loop split
+// writes with a loop that has no equality test: H200, the same run as SPARSE_POP's, selection
+// random / masked / specials / tied rows 15.85-15.87 / 15.66-15.68 / 15.93-15.96 / 14.63-14.65
+// -> 15.21-15.29 / 14.99-15.00 / 15.29-15.32 / 14.47-14.49 us; decode and the candidate top-k
+// within 0.6%. The count loop split
 // the same way gained 0.2 us more but took the gfx942 chunk kernel from 87 to 134 VGPRs (one
 // workgroup a CU, not two): not done.
 template <int BLOCK, class Id, int B, class Keys, class Pay, class Out>

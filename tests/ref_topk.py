@@ -8,6 +8,9 @@ set that differs only by ties at the cut passes, any other fails.
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import torch
 
 TOPK = 512
@@ -72,20 +75,54 @@ def specials_near_k(k: int, width: int, extra: int, device="cpu") -> torch.Tenso
     return x
 
 
+# hip/topk_select.h's SPARSE_POP: radix passes over at most this many keys count without the
+# wave aggregation.
+SPARSE_POP = int(
+    re.search(
+        r"\bSPARSE_POP = (\d+)", (Path(__file__).parent.parent / "hip/topk_select.h").read_text()
+    )[1]
+)
+
+
+def _tied(x: torch.Tensor, blocks: torch.Tensor, top_bits: int) -> None:
+    """Blocks `blocks` of x score in tied groups of 4, the greatest group top_bits (a positive
+    float's bits), each group one ulp below the next (a block's first logit)."""
+    j = torch.arange(len(blocks), dtype=torch.int32).flip(0) // 4
+    x[0, blocks * 8] = (top_bits - j).view(torch.float32)
+
+
 def tied_bin_row(k: int, width: int, pop: int, device="cpu") -> torch.Tensor:
-    """A [1, width] row for the selection (blocks of 8) whose cut falls among `pop` adjacent
-    blocks scoring within pop / 4 ulps of 1.0 in tied groups of 4 (one bin of the first radix
-    pass: the second runs over exactly `pop` keys, several on one histogram address), with
-    k - 2 - pop // 2 blocks above them in [8, 16), the pinned newest block, the rest -inf. With
-    pop 256 the cut takes 1 of a tied group (a third pass); with 257 it ends at a bin's edge."""
+    """A [1, width] row for the selection (blocks of 8) whose cut falls among `pop` blocks
+    scoring within pop / 4 ulps of 1.0 in tied groups of 4 (one bin of the first radix pass:
+    the second runs over exactly `pop` keys), with k - 2 - pop // 2 blocks above them in [8, 16),
+    the pinned newest block, the rest -inf. The tied blocks are one slot of consecutive threads
+    (blocks from 1024 on), so on a GPU several lanes of a wave add to one histogram address.
+    The cut takes 1 of a tied group, in a third pass over 128 keys."""
     above = k - 2 - pop // 2
     g = torch.Generator().manual_seed(pop)
     x = torch.full((1, width), float("-inf"))
-    tied = torch.arange(1000, 1000 + pop)  # adjacent blocks: lanes of one wave, one slot
-    one = torch.tensor([1.0]).view(torch.int32)
-    x[0, tied * 8] = (one + torch.arange(pop, dtype=torch.int32) // 4).view(torch.float32)
-    rest = torch.randperm(width // 8 - 1 - 1000 - pop, generator=g)[:above] + 1000 + pop
+    one = int(torch.tensor([1.0]).view(torch.int32))
+    _tied(x, torch.arange(1024, 1024 + pop), one + (pop - 1) // 4)
+    rest = torch.randperm(width // 8 - 1 - 1024 - pop, generator=g)[:above] + 1024 + pop
     x[0, rest * 8] = 8 + 8 * torch.rand(above, generator=g)
+    return x.to(device)
+
+
+def tied_top_row(width: int, pop: int, device="cpu") -> torch.Tensor:
+    """A [1, width] row for the selection whose greatest finite scores are `pop` blocks tied in
+    groups of 4 (within pop / 4 ulps of 1.0), above 3000 blocks spread over the keys below,
+    the least of them 2^25 - 1 keys under the greatest: the first radix pass's top bin (2^15
+    keys up to the range's greatest) holds the tied ones, so the next pass keeps the range's
+    upper end. With the pinned newest block a K below pop + 1 cuts among them."""
+    g = torch.Generator().manual_seed(pop + 1)
+    x = torch.full((1, width), float("-inf"))
+    top = int(torch.tensor([1.0]).view(torch.int32)) + (pop - 1) // 4
+    _tied(x, torch.arange(1024, 1024 + pop), top)
+    low = top - (1 << 25) + 1
+    bits = torch.randint(low, top - (1 << 15), (3000,), generator=g, dtype=torch.int64)
+    bits[0] = low
+    blocks = torch.randperm(width // 8 - 1 - 1024 - pop, generator=g)[:3000] + 1024 + pop
+    x[0, blocks * 8] = bits.to(torch.int32).view(torch.float32)
     return x.to(device)
 
 

@@ -10,7 +10,6 @@ own hooks with the arguments packed as for the GPU, on CPU tensors. Slow per wor
 from __future__ import annotations
 
 import ctypes
-import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -277,19 +276,28 @@ def test_select_as_many_specials_as_k(emu, extra):
     assert (cands[:, k:] == 777).all()  # nothing past K
 
 
-SPARSE_POP = int(re.search(r"\bSPARSE_POP = (\d+)", (ROOT / "hip/topk_select.h").read_text())[1])
-
-
-@pytest.mark.parametrize("pop", [SPARSE_POP, SPARSE_POP + 1])
+@pytest.mark.parametrize("pop", [ref.SPARSE_POP, ref.SPARSE_POP + 1])
 def test_select_cut_in_a_tied_bin(emu, pop):
-    """Radix passes over SPARSE_POP keys (one plain atomic a key, many on one address) and one
-    more (the wave-aggregated count), the cut inside a group of tied scores."""
+    """Radix passes over SPARSE_POP keys (one plain atomic a key) and one more (the
+    wave-aggregated count), the cut inside a group of tied scores."""
     k, width = 2048, 131072
     x = ref.tied_bin_row(k, width, pop)
     seq = torch.tensor([width], dtype=torch.int32)
     cands = torch.full((1, k), 777, dtype=torch.int32)
     assert topk.select_candidates(x, 1, seq, 8, cands)
     ref.check_select(x, 1, seq, 8, cands, f"wave{emu} select tied bin of {pop}")
+
+
+@pytest.mark.parametrize("k", [64, 130])
+def test_select_cut_in_the_top_bin(emu, k):
+    """A sparse pass that keeps the range's greatest key as its upper end (the top bin of the
+    first pass), the cut among tied scores there."""
+    width = 131072
+    x = ref.tied_top_row(width, ref.SPARSE_POP)
+    seq = torch.tensor([width], dtype=torch.int32)
+    cands = torch.full((1, k), 777, dtype=torch.int32)
+    assert topk.select_candidates(x, 1, seq, 8, cands)
+    ref.check_select(x, 1, seq, 8, cands, f"wave{emu} select top bin, K {k}")
 
 
 def test_select_block_as_large_as_the_bound(emu):

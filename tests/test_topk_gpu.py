@@ -226,16 +226,28 @@ def test_select_as_many_specials_as_k(extra):
     assert (cands[:, k:] == 777).all()
 
 
-@pytest.mark.parametrize("pop", [256, 257])  # hip/topk_select.h's SPARSE_POP and one more
+@pytest.mark.parametrize("pop", [ref.SPARSE_POP, ref.SPARSE_POP + 1])
 def test_select_cut_in_a_tied_bin(pop):
-    """Radix passes over SPARSE_POP keys (one plain atomic a key, many on one address) and one
-    more (the wave-aggregated count), the cut inside a group of tied scores."""
+    """Radix passes over SPARSE_POP keys (one plain atomic a key, several lanes on one address)
+    and one more (the wave-aggregated count), the cut inside a group of tied scores."""
     k, width = 2048, 131072
     x = ref.tied_bin_row(k, width, pop, DEV)
     seq = torch.tensor([width], dtype=torch.int32, device=DEV)
     cands = torch.full((1, k), 777, dtype=torch.int32, device=DEV)
     assert topk.select_candidates(x, 1, seq, 8, cands)
     ref.check_select(x, 1, seq, 8, cands, f"select tied bin of {pop}")
+
+
+@pytest.mark.parametrize("k", [64, 130])
+def test_select_cut_in_the_top_bin(k):
+    """A sparse pass that keeps the range's greatest key as its upper end, the cut among tied
+    scores there."""
+    width = 131072
+    x = ref.tied_top_row(width, ref.SPARSE_POP, DEV)
+    seq = torch.tensor([width], dtype=torch.int32, device=DEV)
+    cands = torch.full((1, k), 777, dtype=torch.int32, device=DEV)
+    assert topk.select_candidates(x, 1, seq, 8, cands)
+    ref.check_select(x, 1, seq, 8, cands, f"select top bin, K {k}")
 
 
 def test_select_one_length_a_request():
