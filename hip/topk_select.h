@@ -369,9 +369,8 @@ __device__ __forceinline__ void relay(Sel<BLOCK, Id, B>& s, int buf, uint32_t a,
 // writes with a loop that has no equality test: H200, the same run as SPARSE_POP's, selection
 // random / masked / specials / tied rows 15.85-15.87 / 15.66-15.68 / 15.93-15.96 / 14.63-14.65
 // -> 15.21-15.29 / 14.99-15.00 / 15.29-15.32 / 14.47-14.49 us; decode and the candidate top-k
-// within 0.6%. The count loop split
-// the same way gained 0.2 us more but took the gfx942 chunk kernel from 87 to 134 VGPRs (one
-// workgroup a CU, not two): not done.
+// within 0.6%. The count loop split the same way gained 0.2 us more but took the gfx942 chunk
+// kernel from 87 to 134 VGPRs (one workgroup a CU, not two): not done.
 template <int BLOCK, class Id, int B, class Keys, class Pay, class Out>
 __device__ __forceinline__ uint32_t emit(Sel<BLOCK, Id, B>& s, int& ph, Keys& keys, const Cut cut,
                                          Pay pay, Out out) {

@@ -84,27 +84,37 @@ SPARSE_POP = int(
 )
 
 
-def _tied(x: torch.Tensor, blocks: torch.Tensor, top_bits: int) -> None:
-    """Blocks `blocks` of x score in tied groups of 4, the greatest group top_bits (a positive
-    float's bits), each group one ulp below the next (a block's first logit)."""
-    j = torch.arange(len(blocks), dtype=torch.int32).flip(0) // 4
-    x[0, blocks * 8] = (top_bits - j).view(torch.float32)
+ONE_BITS = 0x3F800000  # 1.0f
+# The tied blocks of the rows below start here: slot 1 of consecutive threads of the selection's
+# 1024-thread workgroup, so on a GPU several lanes of a wave add to one histogram address.
+TIED_FROM = 1024
+
+
+def _tied(x: torch.Tensor, pop: int, top_bits: int) -> None:
+    """Blocks TIED_FROM.. TIED_FROM + pop - 1 of x score in tied groups of 4, the greatest group
+    top_bits (a positive float's bits), each group one ulp below the next (a block's first
+    logit)."""
+    j = torch.arange(pop, dtype=torch.int32).flip(0) // 4
+    x[0, torch.arange(TIED_FROM, TIED_FROM + pop) * 8] = (top_bits - j).view(torch.float32)
+
+
+def _blocks_after_tied(width: int, pop: int, n: int, g: torch.Generator) -> torch.Tensor:
+    """n distinct random blocks past the tied ones, short of the newest (pinned) block."""
+    return torch.randperm(width // 8 - 1 - TIED_FROM - pop, generator=g)[:n] + TIED_FROM + pop
 
 
 def tied_bin_row(k: int, width: int, pop: int, device="cpu") -> torch.Tensor:
     """A [1, width] row for the selection (blocks of 8) whose cut falls among `pop` blocks
     scoring within pop / 4 ulps of 1.0 in tied groups of 4 (one bin of the first radix pass:
     the second runs over exactly `pop` keys), with k - 2 - pop // 2 blocks above them in [8, 16),
-    the pinned newest block, the rest -inf. The tied blocks are one slot of consecutive threads
-    (blocks from 1024 on), so on a GPU several lanes of a wave add to one histogram address.
-    The cut takes 1 of a tied group, in a third pass over 128 keys."""
+    the pinned newest block, the rest -inf. The cut takes 1 of a tied group, in a third pass
+    over 128 keys."""
     above = k - 2 - pop // 2
     g = torch.Generator().manual_seed(pop)
     x = torch.full((1, width), float("-inf"))
-    one = int(torch.tensor([1.0]).view(torch.int32))
-    _tied(x, torch.arange(1024, 1024 + pop), one + (pop - 1) // 4)
-    rest = torch.randperm(width // 8 - 1 - 1024 - pop, generator=g)[:above] + 1024 + pop
-    x[0, rest * 8] = 8 + 8 * torch.rand(above, generator=g)
+    _tied(x, pop, ONE_BITS + (pop - 1) // 4)
+    blocks = _blocks_after_tied(width, pop, above, g)
+    x[0, blocks * 8] = 8 + 8 * torch.rand(above, generator=g)
     return x.to(device)
 
 
@@ -116,12 +126,12 @@ def tied_top_row(width: int, pop: int, device="cpu") -> torch.Tensor:
     upper end. With the pinned newest block a K below pop + 1 cuts among them."""
     g = torch.Generator().manual_seed(pop + 1)
     x = torch.full((1, width), float("-inf"))
-    top = int(torch.tensor([1.0]).view(torch.int32)) + (pop - 1) // 4
-    _tied(x, torch.arange(1024, 1024 + pop), top)
+    top = ONE_BITS + (pop - 1) // 4
+    _tied(x, pop, top)
     low = top - (1 << 25) + 1
     bits = torch.randint(low, top - (1 << 15), (3000,), generator=g, dtype=torch.int64)
     bits[0] = low
-    blocks = torch.randperm(width // 8 - 1 - 1024 - pop, generator=g)[:3000] + 1024 + pop
+    blocks = _blocks_after_tied(width, pop, 3000, g)
     x[0, blocks * 8] = bits.to(torch.int32).view(torch.float32)
     return x.to(device)
 
