@@ -35,7 +35,12 @@ constexpr uint32_t KEY_POS_INF = 0xff800000u;
 // 6x128k 30.3), of 32 slower on dense rows (28.3). The model puts 1-2% of partial chunks of
 // 7000-7600 random keys above the LDS list (the register path); full chunks, none.
 // MERGE: 512 threads x 16 keys against 256 x 32 (the same run, groups of 8): 6x128k dense /
-// masked 21.36 -> 20.37 / 21.88 -> 20.73 us, 32x128k 33.92 -> 33.03.
+// masked 21.36 -> 20.37 / 21.88 -> 20.73 us, 32x128k 33.92 -> 33.03. Again with this code
+// (H200, same run, two rounds, 512 against 256 x 32 / 1024 x 8): 6x128k 12.70-13.07 against
+// 13.68-13.71 / 14.21 us, 6x1M 26.5-26.6 against 27.5-27.6 / 28.5, but 32x1M 84.5-84.7 against
+// 82.0-82.1 / 87.1-87.2: there the first merge's 256 workgroups share the H200's 132 SMs,
+// several a SM, which gfx942's 304 CUs would take one a CU, where only a workgroup's chain
+// counts, as at 6 rows. 512 stays.
 // Not adopted: a floor handed from the chunks to the merge, which then skipped its floor pass
 // (each chunk wrote the least key of its ceil(512 * len / end)-th key's bin from its list's
 // first radix pass; at least 512 candidates are >= the least of them). H200, same-run A/B:
@@ -75,6 +80,8 @@ constexpr int SELECT_DIGIT = 10;  // 11 would pass sm_90's 48 KB of static share
 // once a row holds 512 entries, else every key fits the LDS list). H200, same-run A/B against
 // 8: candidate top-k 18.40 -> 16.85 us, compact 12.10 -> 10.53; 32: 18.74 and 19.30. (Nor,
 // in another run, did two floor passes in the chunk kernel (within 1.5%) gain.)
+// 512 threads against 256 / 1024 (H200, same run, two rounds): candidate top-k 9.84-9.89
+// against 11.58-11.60 / 10.37-10.43 us, compact 8.68-8.69 against 9.09 / 9.45-9.51.
 constexpr int CAND_THREADS = 512, CAND_ITEMS = 32, CAND_GROUP = 16;  // 16384 columns, 2048 blocks
 constexpr int COMPACT_THREADS = 512, COMPACT_GROUP = 16;
 
