@@ -1,6 +1,6 @@
 """Plugin top-512 kernels against torch.topk, per shape, in one run; prints ratios, writes JSON.
 
-    python benchmarks/bench_topk.py [--json PATH] [--iters N]
+    python benchmarks/bench_topk.py [--json PATH] [--iters N] [--structures]
 
 Each figure is the mean device time of one call, measured by replaying a CUDA graph that holds
 ``--iters`` calls (so launch overhead on the host is excluded for both sides), after warm-up.
@@ -16,6 +16,8 @@ plugin's time above it is its selecting. Baselines:
 - candidate selection: torch's block max (amax), the newest-block pin, topk(2048) (vLLM's
   op sequence written in torch);
 - compact: torch.topk over the compact row.
+``--structures`` times the decode top-512 on rows with structure instead (``STRUCTURES``: ties
+at the cut, -inf or one value everywhere, monotone rows, clusters; ``benchmarks/topk_sweeps.md``).
 On an NVIDIA H200 these are H200-measured figures, never gfx942 ones.
 """
 
@@ -88,14 +90,46 @@ def ragged_cases():
         yield decode_case(f"decode ragged {rows}x{width}", x, seq, cut)
 
 
-def recency_cases():
-    """Rows whose newest 4096 logits are raised by 3, as attention to recent tokens raises them:
+def recent(x: torch.Tensor) -> torch.Tensor:
+    """The newest 4096 logits of each row raised by 3, as attention to recent tokens raises them:
     the last chunk holds most of the top 512 and more keys above its floor than its superset's
     slots, so it cuts its superset with a radix pass."""
+    return torch.cat([x[:, :-4096], x[:, -4096:] + 3.0], 1)
+
+
+def recency_cases():
     for rows, width in [(6, 131072), (32, 1 << 20)]:
-        x = torch.randn(rows, width, device=DEV)
-        x[:, -4096:] += 3.0
+        x = recent(torch.randn(rows, width, device=DEV))
         yield decode_case(f"decode recency {rows}x{width}", x, full(rows, width))
+
+
+# Decode rows with structure, from N(0, 1) rows x (seeded generator g).
+STRUCTURES = {
+    "random": lambda x, g: x,
+    "ReLU of random": lambda x, g: x.relu(),
+    "rounded to bf16": lambda x, g: x.bfloat16().float(),
+    "masked": lambda x, g: masked(x),
+    "newest 4096 +3": lambda x, g: recent(x),
+    "600 at a third +6": lambda x, g: x.index_add(
+        1, torch.arange(600, device=DEV) + x.shape[1] // 3, torch.full_like(x[:, :600], 6.0)
+    ),
+    "grid of 0.25": lambda x, g: (x * 4).round() / 4,
+    "95% zeros": lambda x, g: x.masked_fill(
+        torch.rand(x.shape, device=DEV, generator=g) < 0.95, 0.0
+    ),
+    "all -inf": lambda x, g: torch.full_like(x, float("-inf")),
+    "one value": lambda x, g: torch.full_like(x, 1.5),
+    "ascending": lambda x, g: torch.arange(x.shape[1], device=DEV) + x / 10,
+    "descending": lambda x, g: (torch.arange(x.shape[1], device=DEV) + x / 10).flip(-1),
+}
+
+
+def structure_cases():
+    gen = torch.Generator(device=DEV).manual_seed(3)
+    for rows, width in [(6, 131072), (32, 1 << 20)]:
+        for name, make in STRUCTURES.items():
+            x = make(torch.randn(rows, width, device=DEV, generator=gen), gen).contiguous()
+            yield decode_case(f"decode {name} {rows}x{width}", x, full(rows, width))
 
 
 def candidate_cases():
@@ -152,6 +186,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path)
     parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--structures", action="store_true", help="rows with structure instead")
     args = parser.parse_args()
     if not topk.build():
         print("top-k kernels unavailable on this GPU (see the warning)", file=sys.stderr)
@@ -163,7 +198,8 @@ def main() -> int:
         f"{'shape':44s} {'plugin us':>10s} {'floor us':>9s} {'/floor':>7s} {'torch us':>10s}"
         f" {'ratio':>7s} {'eager us':>9s}"
     )
-    for name, plugin, base, floor in [*decode_cases(), *candidate_cases()]:
+    cases = structure_cases() if args.structures else [*decode_cases(), *candidate_cases()]
+    for name, plugin, base, floor in cases:
         p = graph_time_us(plugin, args.iters)
         f = graph_time_us(floor, args.iters)
         b = graph_time_us(base, max(args.iters // 5, 4))
