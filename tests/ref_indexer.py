@@ -133,15 +133,32 @@ class PagedLogits:
 class CandidateLogitsTopK:
     """The candidate-logits hook's contract: the top-512 that vLLM's dense logits, candidate
     mask and top-k give (same references), computed here from the same stand-in logits; it
-    declines padded steps, as the real hook does."""
+    declines padded steps, as the real hook does. Given a ``check``, it hands it the compact
+    rows (each candidate column's logit and id, -1 past the row's end) first, as the real hook
+    does, and declines when the check does; ``skew`` flips the last bit of one of their logits."""
 
-    def __init__(self, paged_logits: PagedLogits):
-        self.paged_logits = paged_logits
+    def __init__(self, paged_logits: PagedLogits, skew: bool = False):
+        self.paged_logits, self.skew = paged_logits, skew
 
     def __call__(self, q_fp8, kv_cache, weights, seq_lens, block_table, candidates, block_size,
-                 indices, topk_tokens, dense_is_aiter_gluon, requires_padding):  # fmt: skip
+                 indices, topk_tokens, dense_is_aiter_gluon, requires_padding,
+                 check=None):  # fmt: skip
         if requires_padding or not dense_is_aiter_gluon:
             return False
+        next_n = q_fp8.shape[1]
         logits = self.paged_logits(q_fp8, kv_cache, weights, seq_lens, block_table, None, 0)
-        return candidate_top_k(logits, q_fp8.shape[1], seq_lens, candidates, block_size,
-                               indices, topk_tokens)  # fmt: skip
+        if check is not None:
+            rows = logits.shape[0]
+            blocks = candidates[:rows].long()
+            cols = (blocks[:, :, None] * block_size + torch.arange(block_size)).flatten(1)
+            ends = torch.tensor(topk_ends(seq_lens, rows, next_n))[:, None]
+            ids = torch.where((blocks.repeat_interleave(block_size, 1) >= 0) & (cols < ends),
+                              cols, -1).int()  # fmt: skip
+            compact = logits.gather(1, ids.clamp(min=0).long())
+            if self.skew:
+                live = torch.nonzero(ids[0] >= 0)[0, 0]
+                compact[0, live] = (compact[0, live].view(torch.int32) ^ 1).view(torch.float32)
+            if not check(compact, ids):
+                return False
+        return candidate_top_k(logits, next_n, seq_lens, candidates, block_size, indices,
+                               topk_tokens)  # fmt: skip

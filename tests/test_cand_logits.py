@@ -434,6 +434,18 @@ def test_hook_hands_compact_rows_to_the_top_k(fake_topk):
     assert indices.shape == (6, 512) and indices.data_ptr() == args["indices"].data_ptr()
 
 
+@pytest.mark.parametrize("verdict", [True, False])
+def test_hook_hands_its_check_the_compact_rows_first(fake_topk, verdict):
+    """The indexer's comparison with vLLM's dense logits sees the compact rows before their
+    top-k; when it fails the hook returns False and the top-k never runs."""
+    seen = []
+    args = hook_args(check=lambda logits, ids: seen.append((logits, ids)) or verdict)
+    assert cand_logits.candidate_logits_top_k(**args) is verdict
+    *_, logits, ids = fake_topk["logits"]
+    assert len(seen) == 1 and seen[0][0] is logits and seen[0][1] is ids
+    assert ("topk" in fake_topk) is verdict
+
+
 def test_hook_returns_false_when_the_top_k_declines(fake_topk):
     fake_topk["answer"] = False
     assert cand_logits.candidate_logits_top_k(**hook_args()) is False

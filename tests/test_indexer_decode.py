@@ -60,6 +60,10 @@ def vllm_env(monkeypatch, clean_plugin):
     aiter_logits = types.ModuleType("aiter.ops.triton.pa_mqa_logits")  # as on a gfx942 server
     monkeypatch.setattr(rocm, "paged_mqa_logits_module", lambda: aiter_logits)
     monkeypatch.setattr(topk, "build", lambda: True)  # "the code object is loaded"
+    # As after the process's first reader call compared the candidate logits with vLLM's
+    # (tests of that comparison set it back).
+    monkeypatch.setattr(indexer, "_cand_checked", True)
+    monkeypatch.setattr(indexer, "_off", {})
     config = VllmConfig(device_config=DeviceConfig(device="cpu"))
     with set_current_vllm_config(config):
         yield types.SimpleNamespace(config=config, calls=calls, spy=spy, logits=logits_ref)
@@ -324,6 +328,63 @@ def test_candidate_logits_declined_where_vllm_takes_its_torch_logits(vllm_env, m
                      oracle_layer.topk_indices_buffer[: meta.num_decode_tokens])  # fmt: skip
 
 
+def test_first_candidate_logits_are_compared_with_vllms_dense_logits(vllm_env, monkeypatch,
+                                                                     plugin_log):  # fmt: skip
+    """The process's first candidate-logits call hands the hook a check against vLLM's dense
+    logits of the step (one more call of vLLM's logits); equal, the hook serves, and later
+    calls are not checked."""
+    monkeypatch.setattr(indexer, "_cand_checked", False)
+    plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "reader", "mtp_2d")
+    install_hooks(monkeypatch, vllm_env, take=True)
+    run(vllm_env, oracle_layer, meta, q, n, plugin=False)
+    for expected in (["hook:candidate_logits_top_k", "vllm:logits"],
+                     ["hook:candidate_logits_top_k"]):  # fmt: skip
+        vllm_env.calls.clear()
+        run(vllm_env, plugin_layer, meta, q, n)
+        assert vllm_env.calls == expected
+        assert_same_rows(plugin_layer.topk_indices_buffer[: meta.num_decode_tokens],
+                         oracle_layer.topk_indices_buffer[: meta.num_decode_tokens])  # fmt: skip
+    assert indexer._cand_checked
+    infos = [r.getMessage() for r in plugin_log.records if "bit for bit" in r.getMessage()]
+    assert len(infos) == 1
+
+
+def test_candidate_logits_that_differ_from_vllms_stay_off(vllm_env, monkeypatch, plugin_log):
+    """One last-bit difference at one candidate column: the hook declines (vLLM's dense logits,
+    mask or candidate top-k, and top-k serve, the same index sets as vLLM's) and stays off."""
+    monkeypatch.setattr(indexer, "_cand_checked", False)
+    plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "reader", "mtp_2d")
+    install_hooks(monkeypatch, vllm_env, take=True)
+    skewed = ref.CandidateLogitsTopK(vllm_env.logits, skew=True)
+    monkeypatch.setattr(topk, "candidate_logits_top_k",
+                        vllm_env.spy("hook:candidate_logits_top_k", skewed))  # fmt: skip
+    run(vllm_env, oracle_layer, meta, q, n, plugin=False)
+    first = ["hook:candidate_logits_top_k", "vllm:logits", "vllm:logits", "hook:candidate_top_k"]
+    for expected in (first, ["vllm:logits", "hook:candidate_top_k"]):
+        vllm_env.calls.clear()
+        run(vllm_env, plugin_layer, meta, q, n)
+        assert vllm_env.calls == expected
+        assert_same_rows(plugin_layer.topk_indices_buffer[: meta.num_decode_tokens],
+                         oracle_layer.topk_indices_buffer[: meta.num_decode_tokens])  # fmt: skip
+    assert not indexer._cand_checked
+    warnings = [r.getMessage() for r in plugin_log.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "differ from vLLM's dense logits at 1 of" in warnings[0]
+    reasons = counters.stats()["candidate_logits_top_k"]["reasons"]
+    assert reasons == {"declined by the hook": 1, "differed from vLLM's dense logits": 1}
+
+
+def test_candidate_logits_are_not_compared_inside_graph_capture(vllm_env, monkeypatch):
+    """Capture cannot read the comparison's result: the check declines without asking vLLM's
+    logits, and stays to be done by the next eager call."""
+    monkeypatch.setattr(indexer, "_cand_checked", False)
+    plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "reader", "mtp_2d")
+    install_hooks(monkeypatch, vllm_env, take=True)
+    monkeypatch.setattr(indexer, "_capturing", lambda t: True)
+    run(vllm_env, plugin_layer, meta, q, n)
+    assert vllm_env.calls == ["hook:candidate_logits_top_k", "vllm:logits", "hook:candidate_top_k"]
+    assert not indexer._cand_checked and indexer._off == {}
+
+
 def test_reader_with_few_live_candidates_pads_with_minus_one(vllm_env, monkeypatch):
     """The documented difference: vLLM's mask path fills such a row with arbitrary masked
     columns (-inf logits); the plugin gives the live candidates, then -1."""
@@ -445,7 +506,7 @@ def test_monokernel_indexer_bypasses_the_patch(clean_plugin, fake_platform):
 
 
 def test_hook_that_raises_is_turned_off_and_vllm_runs(vllm_env, monkeypatch, plugin_log):
-    monkeypatch.setattr(indexer, "_failed", set())
+    monkeypatch.setattr(indexer, "_off", {})
     plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "plain", "mtp_2d")
     install_hooks(monkeypatch, vllm_env, take=True)
 

@@ -122,6 +122,34 @@ def test_fused_path_that_raises_is_turned_off_and_vllm_runs(calls, monkeypatch, 
         "raised": 1, "raised earlier in this process": 1}  # fmt: skip
 
 
+def test_fused_path_out_of_memory_takes_vllms_loop_for_that_step(calls, monkeypatch, plugin_log):
+    """Out of memory (vLLM's own draft logits raise it too) is no plugin bug: vLLM's loop runs
+    that step, and the fused path serves the next."""
+    import torch
+
+    import dsv41_gfx942_plugin.speculator as speculator
+
+    monkeypatch.setattr(speculator, "_fused_failed", False)
+    answers = iter([torch.OutOfMemoryError("CUDA out of memory"), True])
+
+    def oom_once(spec, num_reqs, head_hidden):
+        calls.log.append("fused")
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    calls.fused.sample_sequential = oom_once
+    patched = make_sample_sequential(_original(calls))
+    patched(_Spec(), 4, None)
+    patched(_Spec(), 4, None)
+    assert calls.log == ["fused", "vllm", "fused"]
+    assert not speculator._fused_failed
+    warnings = [r.getMessage() for r in plugin_log.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "out of GPU memory" in warnings[0]
+    assert dsv41_gfx942_plugin.stats()["fused_markov"]["reasons"] == {"out of memory": 1}
+
+
 def test_fused_module_that_fails_to_import_is_turned_off_and_vllm_runs(
     calls, monkeypatch, plugin_log
 ):

@@ -15,17 +15,27 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("no GPU", allow_module_level=True)
 
-from dsv41_gfx942_plugin.ops import _launcher, topk  # noqa: E402
+from dsv41_gfx942_plugin.ops import _launcher, _topk_check, topk  # noqa: E402
 
-if not topk.build():
+if not (_launcher.KERNEL_DIR / f"topk512.{_launcher.code_object_arch()}.co").is_file():
     pytest.skip(
-        f"no loadable top-k code object for {_launcher.code_object_arch()} under "
+        f"no top-k code object for {_launcher.code_object_arch()} under "
         f"{_launcher.KERNEL_DIR} (build it: python hip/build.py --arch sm_90)",
         allow_module_level=True,
     )
+# A code object that does not load, or fails its load-time check, fails the test below (and
+# every other: the hooks then decline), never skips.
+topk.build()
 
 DEV = "cuda"
 NEG = float("-inf")
+
+
+def test_build_loads_and_passes_its_load_time_check():
+    """build() loaded the code object and its check (ops/_topk_check.py) found every op's
+    answers equal to torch's on this GPU; the check itself passes again."""
+    assert topk.build()
+    assert _topk_check.check(torch.device(DEV, torch.cuda.current_device())) is None
 
 
 def make_logits(rows, width, kind="randn", seed=0, stride=None):

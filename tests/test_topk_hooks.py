@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import ref_topk as ref
-from dsv41_gfx942_plugin.ops import _launcher, topk
+from dsv41_gfx942_plugin.ops import _launcher, _topk_check, topk
 
 
 class Recorder:
@@ -321,6 +321,7 @@ def test_no_load_inside_graph_capture(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     monkeypatch.setattr(topk, "_modules", {})
     monkeypatch.setattr(_launcher, "load", lambda *a: loads.append(a) or object())
+    monkeypatch.setattr(_topk_check, "check", lambda device: None)  # no kernels to check
     assert topk.build() is False
     assert loads == [] and topk._modules == {}
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)

@@ -131,7 +131,10 @@ def _note_step(prefix: str) -> None:
                     counters.summary())  # fmt: skip
 
 
-_failed: set[str] = set()
+# Hooks off for the rest of this process, and why.
+_off: dict[str, str] = {}
+# Whether this process has compared the candidate logits with vLLM's dense ones (_dense_check).
+_cand_checked = False
 
 
 def _hook(name: str, on: bool, call) -> bool:
@@ -141,13 +144,13 @@ def _hook(name: str, on: bool, call) -> bool:
     if not on:
         counters.record(name, False, "switched off")
         return False
-    if name in _failed:
-        counters.record(name, False, "raised earlier in this process")
+    if name in _off:
+        counters.record(name, False, _off[name])
         return False
     try:
         taken = bool(call())
     except Exception:
-        _failed.add(name)
+        _off[name] = "raised earlier in this process"
         counters.record(name, False, "raised")
         logger.exception("dsv41_gfx942: hook %s raised; it stays off in this process and "
                          "vLLM's op runs instead", name)  # fmt: skip
@@ -186,6 +189,7 @@ def decode_step(layer, meta, num_tokens: int, q_fp8, weights) -> torch.Tensor:
             q, kv_cache, weights, decode.seq_lens, decode.block_table, cands,
             layer.candidate_block_size, out, layer.topk_tokens,
             _dense_is_aiter_gluon(kv_cache, layer.compress_ratio), decode.requires_padding,
+            None if _cand_checked else _dense_check(layer, q, kv_cache, weights, decode),
         ),
     )  # fmt: skip
     if not done:
@@ -204,6 +208,49 @@ def decode_step(layer, meta, num_tokens: int, q_fp8, weights) -> torch.Tensor:
         )
         buf[:n_dec, : unpacked.shape[-1]] = unpacked
     return buf
+
+
+def _dense_check(layer, q, kv_cache, weights, decode):
+    """The check the first candidate-logits call of a process hands the hook: its compact rows
+    against vLLM's dense logits of the same step at every live candidate column, bit for bit.
+    The candidate kernel mirrors one AITER release's arithmetic and no gfx942 GPU has compared
+    the two yet; another AITER build, or a gfx942 that computes otherwise, would change index
+    sets near the cut with no error. Equal: the hook serves from then on, unchecked. Unequal:
+    it stays off in this process (one warning) and vLLM's dense path runs. Inside CUDA-graph
+    capture, where the comparison cannot read its result, the call declines (vLLM's path is
+    captured) until an eager call has compared (vLLM warms every graph up eagerly first)."""
+
+    def check(logits: torch.Tensor, ids: torch.Tensor) -> bool:
+        global _cand_checked
+        if _capturing(logits):
+            return False
+        rows = logits.shape[0]
+        dense = _vllm_rocm.rocm_fp8_paged_mqa_logits(
+            q, kv_cache, weights[:rows], decode.seq_lens, decode.block_table,
+            decode.schedule_metadata, max_model_len=layer.max_model_len,
+            compress_ratio=layer.compress_ratio,
+        )  # fmt: skip
+        live = ids >= 0
+        want = dense.gather(1, ids.clamp(min=0).long()).view(torch.int32)
+        differ = int(((logits.view(torch.int32) != want) & live).sum())
+        if differ:
+            _off["candidate_logits_top_k"] = "differed from vLLM's dense logits"
+            logger.warning(
+                "dsv41_gfx942: candidate logits differ from vLLM's dense logits at %d of %d "
+                "candidate columns on this GPU; the hook stays off and vLLM's path runs",
+                differ, int(live.sum()),
+            )  # fmt: skip
+            return False
+        _cand_checked = True
+        logger.info("dsv41_gfx942: candidate logits equal vLLM's dense logits bit for bit at "
+                    "%d candidate columns; the hook serves", int(live.sum()))  # fmt: skip
+        return True
+
+    return check
+
+
+def _capturing(t: torch.Tensor) -> bool:
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def _dense_is_aiter_gluon(kv_cache, compress_ratio) -> bool:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
+import torch
+
 from . import counters, envs
 from ._log import logger
 
@@ -39,7 +41,9 @@ _fused_failed = False
 def _fused(spec, num_reqs: int, head_hidden) -> bool:
     """The plugin's fused path; True when it did the step. If it raises, it is logged once and
     stays off in this process, and vLLM's loop runs (rewriting every token and cached logit the
-    fused path may have touched), so a plugin bug never takes the server down."""
+    fused path may have touched), so a plugin bug never takes the server down. Running out of
+    GPU memory is no bug (vLLM's own draft logits, which the fused path asks for, raise it as
+    well): that step takes vLLM's loop, and the next tries the fused path again."""
     global _fused_failed
     try:
         from .ops import fused_markov  # inside: an import that fails is a failure like any other
@@ -47,6 +51,10 @@ def _fused(spec, num_reqs: int, head_hidden) -> bool:
         if fused_markov.sample_sequential(spec, num_reqs, head_hidden):
             return True
         counters.record(HOOK, False, "fused path declined")
+    except torch.OutOfMemoryError:
+        counters.record(HOOK, False, "out of memory")
+        logger.warning_once("dsv41_gfx942: out of GPU memory in a fused Markov step; that step "
+                            "takes vLLM's loop (logged once)")  # fmt: skip
     except Exception:
         _fused_failed = True
         counters.record(HOOK, False, "raised")

@@ -256,6 +256,7 @@ def candidate_logits_top_k(
     topk_tokens: int,
     dense_is_aiter_gluon: bool,
     requires_padding: bool,
+    check=None,
 ) -> bool:
     """The hook in front of the decode indexer's dense logits on the candidate-reader layers.
 
@@ -269,7 +270,10 @@ def candidate_logits_top_k(
     skips its dense logits, candidate mask and top-k. Otherwise it returns False having written
     nothing, and vLLM runs its own path. A row's candidate ids are taken as distinct, as layer
     20 writes them (vLLM's selection and the plugin's: a top-K of distinct blocks; a repeated
-    id would list its columns twice); ids past the row's end, however large, are dead."""
+    id would list its columns twice); ids past the row's end, however large, are dead.
+    `check(logits, ids)`, when given, sees the compact rows before their top-k; when it returns
+    False the hook returns False, `indices` untouched (the indexer's comparison with vLLM's dense
+    logits, ``indexer._dense_check``)."""
     if not _hook_takes(
         q_fp8, kv_cache, weights, seq_lens, block_table, candidates, block_size, indices,
         topk_tokens, dense_is_aiter_gluon, requires_padding,
@@ -305,4 +309,6 @@ def candidate_logits_top_k(
         logits,
         ids,
     )
+    if check is not None and not check(logits, ids):
+        return False
     return bool(compact_top_k_512(logits, ids, seq_lens, next_n, indices[:rows, :512]))

@@ -107,9 +107,10 @@ _scratch = _launcher.Scratch()
 
 
 def build() -> bool:
-    """Load the shipped code object on the current device once; whether the kernels are
-    available. When it cannot (no code object for this GPU, a runtime error), log one warning
-    and return False: every hook then returns False and vLLM's ops run."""
+    """Load the shipped code object on the current device once and check its answers against
+    torch there (``_topk_check``); whether the kernels are available. When it cannot (no code
+    object for this GPU, a runtime error, an answer that differs), log one warning and return
+    False: every hook then returns False and vLLM's ops run."""
     if not torch.cuda.is_available():
         return False
     device = torch.cuda.current_device()
@@ -118,7 +119,12 @@ def build() -> bool:
     if torch.cuda.is_current_stream_capturing():
         return False  # never load inside capture; a later call outside it loads
     try:
+        from . import _topk_check  # which calls this module's ops
+
         _modules[device] = _launcher.load("topk512", KERNELS, device)
+        differs = _topk_check.check(torch.device(_GPU_TYPE, device))
+        if differs:
+            raise RuntimeError(f"the load-time check against torch failed: {differs}")
     except Exception as err:  # any failure keeps vLLM's ops: log it once
         _modules[device] = None
         logger.warning("dsv41_gfx942 top-k kernels unavailable, vLLM's ops run instead: %s", err)
@@ -470,7 +476,7 @@ def skip_decode_fill(has_prefill, num_decode_tokens, num_tokens, decode) -> bool
 
 def candidate_logits_top_k(
     q_fp8, kv_cache, weights, seq_lens, block_table, candidates, block_size, indices,
-    topk_tokens, dense_is_aiter_gluon, requires_padding,
+    topk_tokens, dense_is_aiter_gluon, requires_padding, check=None,
 ) -> bool:  # fmt: skip
     """Layers 24-36: the candidate-only FP8 logits (Gluon, ``cand_logits``) and their compact
     top-512, instead of vLLM's dense logits, mask and top-k. Lives with the other top-k hooks
@@ -478,4 +484,4 @@ def candidate_logits_top_k(
     from .cand_logits import candidate_logits_top_k as hook
 
     return hook(q_fp8, kv_cache, weights, seq_lens, block_table, candidates, block_size,
-                indices, topk_tokens, dense_is_aiter_gluon, requires_padding)  # fmt: skip
+                indices, topk_tokens, dense_is_aiter_gluon, requires_padding, check)  # fmt: skip

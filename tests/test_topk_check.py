@@ -1,0 +1,137 @@
+"""The top-k kernels' load-time check (ops/_topk_check.py) on the CPU: it accepts torch's own
+answers, ties at the cut picked either way, and names the op whose answer differs; ``build()``
+keeps every top-k hook off when the check fails or raises. The ops are replaced by torch
+references here (the kernels' own run of the check is tests/test_topk_gpu.py's)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ref_topk as ref
+from dsv41_gfx942_plugin.ops import _launcher, _topk_check, topk
+
+
+def _take(x: torch.Tensor, cols: torch.Tensor, k: int, wrong: bool) -> torch.Tensor:
+    """The ids ``cols`` of the k largest of ``x`` (torch.topk), then -1; ``wrong``: the k + 1
+    largest but the first (one taken id below the cut)."""
+    n = min(k, x.numel())
+    top = x.topk(min(n + 1, x.numel())).indices if wrong and n < x.numel() else x.topk(n).indices
+    got = cols[top[1:] if wrong and top.numel() > n else top]
+    return torch.cat([got.int(), torch.full((k - n,), -1, dtype=torch.int32)])
+
+
+class Torch:
+    """topk's ops answered by torch; the op named ``wrong`` takes one id below its cut."""
+
+    def __init__(self, wrong: str = ""):
+        self.wrong = wrong
+
+    def decode(self, logits, next_n, seq_lens, indices, register_select=True):
+        for r, end in enumerate(ref.decode_row_ends(seq_lens, logits.shape[0], next_n,
+                                                    logits.shape[1])):  # fmt: skip
+            if end <= 512:
+                indices[r] = torch.tensor([j if j < end else -1 for j in range(512)])
+            else:
+                cols = torch.arange(end)
+                indices[r] = _take(logits[r, :end], cols, 512, self.wrong == "decode")
+        return True
+
+    def candidate(self, logits, next_n, seq_lens, cands, bs, indices, k):
+        for r, end in enumerate(ref.decode_row_ends(seq_lens, logits.shape[0], next_n, 1 << 30)):
+            cols = ref.candidate_columns(cands[r], bs, end)
+            indices[r] = _take(logits[r, cols], cols, 512, self.wrong == "candidate")
+        return True
+
+    def compact(self, logits, ids, seq_lens, next_n, indices):
+        for r in range(logits.shape[0]):
+            live = ids[r] >= 0
+            indices[r] = _take(logits[r][live], ids[r][live], 512, self.wrong == "compact")
+        return True
+
+    def select(self, logits, next_n, seq_lens, bs, out):
+        for r, end in enumerate(ref.select_row_ends(seq_lens, logits.shape[0], next_n)):
+            scores = ref.block_scores(logits[r], end, bs)
+            live = torch.nonzero(scores != float("-inf")).flatten()
+            out[r] = _take(scores[live], live, out.shape[1], self.wrong == "select")
+        return True
+
+
+def _patch(monkeypatch, ops: Torch):
+    monkeypatch.setattr(topk, "top_k_per_row_decode_512", ops.decode)
+    monkeypatch.setattr(topk, "decode_top_k", lambda x, n, s, i, k: ops.decode(x, n, s, i))
+    monkeypatch.setattr(topk, "candidate_top_k", ops.candidate)
+    monkeypatch.setattr(topk, "compact_top_k_512", ops.compact)
+    monkeypatch.setattr(topk, "select_candidates", ops.select)
+
+
+@pytest.mark.parametrize("default", [torch.float32, torch.bfloat16])
+def test_check_accepts_torch_answers(monkeypatch, default):
+    """Also under a bf16 default dtype, as vLLM builds a model (where build() runs the check):
+    the check's logits stay fp32, which the kernels take."""
+    _patch(monkeypatch, Torch())
+    seen = []
+    decode = topk.top_k_per_row_decode_512
+    monkeypatch.setattr(topk, "top_k_per_row_decode_512",
+                        lambda x, *a, **k: seen.append(x.dtype) or decode(x, *a, **k))  # fmt: skip
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(default)
+    try:
+        assert _topk_check.check(torch.device("cpu")) is None
+    finally:
+        torch.set_default_dtype(old)
+    assert seen == [torch.float32, torch.float32]
+
+
+@pytest.mark.parametrize(
+    "op, named",
+    [("decode", "decode top-512"), ("candidate", "candidate top-k"),
+     ("compact", "compact top-k"), ("select", "candidate selection")],
+)  # fmt: skip
+def test_check_names_the_op_that_differs(monkeypatch, op, named):
+    _patch(monkeypatch, Torch(wrong=op))
+    differs = _topk_check.check(torch.device("cpu"))
+    assert differs is not None and differs.startswith(named), differs
+
+
+def test_check_fails_on_recorded_launches(monkeypatch):
+    """The real ops with kernels that write nothing (tests/test_topk_hooks.py's recorders)."""
+    from test_topk_hooks import FakeScratch, Recorder
+
+    kernels = {name: Recorder(name, []) for name in topk.KERNELS}
+    monkeypatch.setattr(topk, "_GPU_TYPE", "cpu")
+    monkeypatch.setattr(topk, "_kernels", lambda t: kernels)
+    monkeypatch.setattr(topk, "_scratch", FakeScratch())
+    monkeypatch.setattr(_launcher, "stream_handle", lambda device: 0)
+    assert _topk_check.check(torch.device("cpu")).startswith("decode top-512 (register path)")
+
+
+@pytest.mark.parametrize("failure", ["differs", "raises"])
+def test_build_keeps_the_hooks_off_when_the_check_fails(monkeypatch, plugin_log, failure):
+    def check(device):
+        if failure == "raises":
+            raise RuntimeError("no memory")
+        return "decode top-512 (register path): row 0 (end 671744)"
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(_launcher, "load", lambda *a: object())
+    monkeypatch.setattr(_topk_check, "check", check)
+    monkeypatch.setattr(topk, "_modules", {})
+    assert not topk.build() and topk._modules == {0: None}
+    assert not topk.build()  # decided once: no second check, no second warning
+    warnings = [r.getMessage() for r in plugin_log.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "vLLM's ops run instead" in warnings[0]
+    assert ("no memory" if failure == "raises" else "row 0") in warnings[0]
+
+
+def test_build_takes_kernels_that_pass(monkeypatch):
+    module = object()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(_launcher, "load", lambda *a: module)
+    monkeypatch.setattr(_topk_check, "check", lambda device: None)
+    monkeypatch.setattr(topk, "_modules", {})
+    assert topk.build() and topk._modules == {0: module}
