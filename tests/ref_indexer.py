@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 K = 512
+NEG = float("-inf")
 
 
 def topk_ends(seq_lens: torch.Tensor, rows: int, next_n: int) -> list[int]:
@@ -134,10 +135,11 @@ class CandidateLogitsTopK:
     """The candidate-logits hook's contract: the top-512 that vLLM's dense logits, candidate
     mask and top-k give (same references), computed here from the same stand-in logits; it
     declines padded steps, as the real hook does. Given a ``check``, it hands it the compact
-    rows (each candidate column's logit and id, -1 past the row's end) first, as the real hook
-    does, and declines when the check does; ``skew`` flips the last bit of one of their logits."""
+    rows first (each candidate column's logit and id; past the row's end id -1 and logit -inf,
+    as the real kernel writes them), and declines when the check does. ``skew``: "last bit"
+    flips the last bit of one live logit, "zero sign" the sign of a live zero."""
 
-    def __init__(self, paged_logits: PagedLogits, skew: bool = False):
+    def __init__(self, paged_logits: PagedLogits, skew: str = ""):
         self.paged_logits, self.skew = paged_logits, skew
 
     def __call__(self, q_fp8, kv_cache, weights, seq_lens, block_table, candidates, block_size,
@@ -154,10 +156,11 @@ class CandidateLogitsTopK:
             ends = torch.tensor(topk_ends(seq_lens, rows, next_n))[:, None]
             ids = torch.where((blocks.repeat_interleave(block_size, 1) >= 0) & (cols < ends),
                               cols, -1).int()  # fmt: skip
-            compact = logits.gather(1, ids.clamp(min=0).long())
+            compact = logits.gather(1, ids.clamp(min=0).long()).masked_fill(ids < 0, NEG)
             if self.skew:
-                live = torch.nonzero(ids[0] >= 0)[0, 0]
-                compact[0, live] = (compact[0, live].view(torch.int32) ^ 1).view(torch.float32)
+                bit, at = (1, ids >= 0) if self.skew == "last bit" else (1 << 31, compact == 0)
+                r, c = torch.nonzero(at & (ids >= 0))[0].tolist()
+                compact[r, c] = (compact[r, c].view(torch.int32) ^ bit).view(torch.float32)
             if not check(compact, ids):
                 return False
         return candidate_top_k(logits, next_n, seq_lens, candidates, block_size, indices,

@@ -345,8 +345,43 @@ def test_first_candidate_logits_are_compared_with_vllms_dense_logits(vllm_env, m
         assert_same_rows(plugin_layer.topk_indices_buffer[: meta.num_decode_tokens],
                          oracle_layer.topk_indices_buffer[: meta.num_decode_tokens])  # fmt: skip
     assert indexer._cand_checked
-    infos = [r.getMessage() for r in plugin_log.records if "bit for bit" in r.getMessage()]
+    infos = [r.getMessage() for r in plugin_log.records if "equal vLLM's dense" in r.getMessage()]
     assert len(infos) == 1
+
+
+def test_candidate_logits_compared_as_the_top_k_reads_them(vllm_env, monkeypatch):
+    """-0 where vLLM has +0 orders alike: equal, the hook serves."""
+    monkeypatch.setattr(indexer, "_cand_checked", False)
+    plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "reader", "mtp_2d")
+    install_hooks(monkeypatch, vllm_env, take=True)
+    signed = ref.CandidateLogitsTopK(vllm_env.logits, skew="zero sign")
+    monkeypatch.setattr(topk, "candidate_logits_top_k",
+                        vllm_env.spy("hook:candidate_logits_top_k", signed))  # fmt: skip
+    run(vllm_env, plugin_layer, meta, q, n)
+    assert vllm_env.calls == ["hook:candidate_logits_top_k", "vllm:logits"]
+    assert indexer._cand_checked
+
+
+def test_candidate_logits_of_too_few_columns_are_not_judged(vllm_env, monkeypatch):
+    """A step with fewer meaningful columns than MIN_COMPARED (vLLM's warm-up runs dummy rows)
+    declines, unjudged: vLLM's path serves it, and a later step compares."""
+    monkeypatch.setattr(indexer, "_cand_checked", False)
+    plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "reader", "mtp_2d")
+    install_hooks(monkeypatch, vllm_env, take=True)
+    run(vllm_env, oracle_layer, meta, q, n, plugin=False)
+    monkeypatch.setattr(indexer, "MIN_COMPARED", 10**9)
+    vllm_env.calls.clear()
+    run(vllm_env, plugin_layer, meta, q, n)
+    assert vllm_env.calls == ["hook:candidate_logits_top_k", "vllm:logits", "vllm:logits",
+                              "hook:candidate_top_k"]  # fmt: skip
+    assert not indexer._cand_checked and indexer._off == {}
+    assert_same_rows(plugin_layer.topk_indices_buffer[: meta.num_decode_tokens],
+                     oracle_layer.topk_indices_buffer[: meta.num_decode_tokens])  # fmt: skip
+    monkeypatch.setattr(indexer, "MIN_COMPARED", 2048)
+    vllm_env.calls.clear()
+    run(vllm_env, plugin_layer, meta, q, n)
+    assert vllm_env.calls == ["hook:candidate_logits_top_k", "vllm:logits"]
+    assert indexer._cand_checked
 
 
 def test_candidate_logits_that_differ_from_vllms_stay_off(vllm_env, monkeypatch, plugin_log):
@@ -355,7 +390,7 @@ def test_candidate_logits_that_differ_from_vllms_stay_off(vllm_env, monkeypatch,
     monkeypatch.setattr(indexer, "_cand_checked", False)
     plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "reader", "mtp_2d")
     install_hooks(monkeypatch, vllm_env, take=True)
-    skewed = ref.CandidateLogitsTopK(vllm_env.logits, skew=True)
+    skewed = ref.CandidateLogitsTopK(vllm_env.logits, skew="last bit")
     monkeypatch.setattr(topk, "candidate_logits_top_k",
                         vllm_env.spy("hook:candidate_logits_top_k", skewed))  # fmt: skip
     run(vllm_env, oracle_layer, meta, q, n, plugin=False)
@@ -374,14 +409,15 @@ def test_candidate_logits_that_differ_from_vllms_stay_off(vllm_env, monkeypatch,
 
 
 def test_candidate_logits_are_not_compared_inside_graph_capture(vllm_env, monkeypatch):
-    """Capture cannot read the comparison's result: the check declines without asking vLLM's
-    logits, and stays to be done by the next eager call."""
+    """Capture cannot read the comparison's result: before it has compared, the hook declines
+    before any candidate kernel runs (none is captured), and the comparison stays to be done
+    by the next eager call."""
     monkeypatch.setattr(indexer, "_cand_checked", False)
     plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "reader", "mtp_2d")
     install_hooks(monkeypatch, vllm_env, take=True)
     monkeypatch.setattr(indexer, "_capturing", lambda t: True)
     run(vllm_env, plugin_layer, meta, q, n)
-    assert vllm_env.calls == ["hook:candidate_logits_top_k", "vllm:logits", "hook:candidate_top_k"]
+    assert vllm_env.calls == ["vllm:logits", "hook:candidate_top_k"]  # no candidate kernel
     assert not indexer._cand_checked and indexer._off == {}
 
 

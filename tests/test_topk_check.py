@@ -21,6 +21,15 @@ def _take(x: torch.Tensor, cols: torch.Tensor, k: int, wrong: bool) -> torch.Ten
     return torch.cat([got.int(), torch.full((k - n,), -1, dtype=torch.int32)])
 
 
+def _pos(ids: torch.Tensor, taken: torch.Tensor) -> torch.Tensor:
+    """The entries of ``ids`` that hold each of ``taken``."""
+    return (ids[None, :] == taken[:, None]).int().argmax(1)
+
+
+def _iota(end: int) -> torch.Tensor:
+    return torch.tensor([j if j < end else -1 for j in range(512)], dtype=torch.int32)
+
+
 class Torch:
     """topk's ops answered by torch; the op named ``wrong`` takes one id below its cut."""
 
@@ -31,7 +40,7 @@ class Torch:
         for r, end in enumerate(ref.decode_row_ends(seq_lens, logits.shape[0], next_n,
                                                     logits.shape[1])):  # fmt: skip
             if end <= 512:
-                indices[r] = torch.tensor([j if j < end else -1 for j in range(512)])
+                indices[r] = _iota(end)
             else:
                 cols = torch.arange(end)
                 indices[r] = _take(logits[r, :end], cols, 512, self.wrong == "decode")
@@ -40,13 +49,22 @@ class Torch:
     def candidate(self, logits, next_n, seq_lens, cands, bs, indices, k):
         for r, end in enumerate(ref.decode_row_ends(seq_lens, logits.shape[0], next_n, 1 << 30)):
             cols = ref.candidate_columns(cands[r], bs, end)
-            indices[r] = _take(logits[r, cols], cols, 512, self.wrong == "candidate")
+            indices[r] = _iota(end) if end <= 512 else _take(logits[r, cols], cols, 512,
+                                                             self.wrong == "candidate")  # fmt: skip
+            if self.wrong == "candidate tail" and end > 512 and cols.numel() < 512:
+                indices[r, cols.numel() :] = 0  # not -1 after the live columns
         return True
 
     def compact(self, logits, ids, seq_lens, next_n, indices):
-        for r in range(logits.shape[0]):
+        for r, end in enumerate(ref.decode_row_ends(seq_lens, logits.shape[0], next_n, 1 << 30)):
             live = ids[r] >= 0
-            indices[r] = _take(logits[r][live], ids[r][live], 512, self.wrong == "compact")
+            indices[r] = _iota(end) if end <= 512 else _take(logits[r][live], ids[r][live], 512,
+                                                             self.wrong == "compact")  # fmt: skip
+            if self.wrong == "compact repeat" and r == 0:  # one id twice, in place of a tie
+                taken = logits[r][_pos(ids[r], indices[r])]
+                value = taken[taken.isfinite()].mode().values  # a value several taken ids hold
+                i, j = (taken == value).nonzero()[:2, 0].tolist()
+                indices[r, j] = indices[r, i]
         return True
 
     def select(self, logits, next_n, seq_lens, bs, out):
@@ -86,7 +104,8 @@ def test_check_accepts_torch_answers(monkeypatch, default):
 @pytest.mark.parametrize(
     "op, named",
     [("decode", "decode top-512"), ("candidate", "candidate top-k"),
-     ("compact", "compact top-k"), ("select", "candidate selection")],
+     ("candidate tail", "candidate top-k: row 1"), ("compact", "compact top-k"),
+     ("compact repeat", "compact top-k: row 0"), ("select", "candidate selection")],
 )  # fmt: skip
 def test_check_names_the_op_that_differs(monkeypatch, op, named):
     _patch(monkeypatch, Torch(wrong=op))

@@ -185,13 +185,8 @@ def decode_step(layer, meta, num_tokens: int, q_fp8, weights) -> torch.Tensor:
     done = reader and _hook(
         "candidate_logits_top_k",
         on and layer.dsv41_cand_logits,
-        lambda: topk.candidate_logits_top_k(
-            q, kv_cache, weights, decode.seq_lens, decode.block_table, cands,
-            layer.candidate_block_size, out, layer.topk_tokens,
-            _dense_is_aiter_gluon(kv_cache, layer.compress_ratio), decode.requires_padding,
-            None if _cand_checked else _dense_check(layer, q, kv_cache, weights, decode),
-        ),
-    )  # fmt: skip
+        lambda: _candidate_logits(layer, decode, q, kv_cache, weights, cands, out),
+    )
     if not done:
         logits = _vllm_rocm.rocm_fp8_paged_mqa_logits(
             q, kv_cache, weights[:rows], decode.seq_lens, decode.block_table,
@@ -210,40 +205,69 @@ def decode_step(layer, meta, num_tokens: int, q_fp8, weights) -> torch.Tensor:
     return buf
 
 
+def _candidate_logits(layer, decode, q, kv_cache, weights, cands, out) -> bool:
+    """The candidate-logits hook, with vLLM's dense logits to compare against until a step has
+    compared (``_dense_check``). Inside CUDA-graph capture, where the comparison cannot read its
+    result, a process that has not compared yet declines before any kernel runs, and vLLM's
+    path is captured."""
+    if not _cand_checked and _capturing(q):
+        return False
+    check = None if _cand_checked else _dense_check(layer, q, kv_cache, weights, decode)
+    return topk.candidate_logits_top_k(
+        q, kv_cache, weights, decode.seq_lens, decode.block_table, cands,
+        layer.candidate_block_size, out, layer.topk_tokens,
+        _dense_is_aiter_gluon(kv_cache, layer.compress_ratio), decode.requires_padding, check,
+    )  # fmt: skip
+
+
+# Live candidate columns with a finite, nonzero dense logit that the comparison needs before
+# it lets the hook serve: vLLM's warm-up and memory-profiling steps run dummy rows (a few
+# tokens, a zeroed cache), whose logits prove nothing. Steps with fewer decline (vLLM's path)
+# and leave the comparison to a later step. Rows compared at a time: CHECK_ROWS (memory).
+MIN_COMPARED = 2048
+CHECK_ROWS = 64
+
+
 def _dense_check(layer, q, kv_cache, weights, decode):
-    """The check the first candidate-logits call of a process hands the hook: its compact rows
-    against vLLM's dense logits of the same step at every live candidate column, bit for bit.
-    The candidate kernel mirrors one AITER release's arithmetic and no gfx942 GPU has compared
-    the two yet; another AITER build, or a gfx942 that computes otherwise, would change index
-    sets near the cut with no error. Equal: the hook serves from then on, unchecked. Unequal:
-    it stays off in this process (one warning) and vLLM's dense path runs. Inside CUDA-graph
-    capture, where the comparison cannot read its result, the call declines (vLLM's path is
-    captured) until an eager call has compared (vLLM warms every graph up eagerly first)."""
+    """The check the candidate-logits hook gets until a step has compared: its compact rows
+    against vLLM's dense logits of the same step at every live candidate column, equal as the
+    top-k compares them (-0 = +0, NaN = NaN). The candidate kernel mirrors one AITER release's
+    arithmetic and no gfx942 GPU has compared the two yet; another AITER build, or a gfx942 that
+    computes otherwise, would change index sets near the cut with no error. Any difference keeps
+    the hook off in this process (one warning; vLLM's dense path runs). Equal over at least
+    MIN_COMPARED meaningful columns: the hook serves from then on, unchecked."""
 
     def check(logits: torch.Tensor, ids: torch.Tensor) -> bool:
         global _cand_checked
-        if _capturing(logits):
-            return False
         rows = logits.shape[0]
         dense = _vllm_rocm.rocm_fp8_paged_mqa_logits(
             q, kv_cache, weights[:rows], decode.seq_lens, decode.block_table,
             decode.schedule_metadata, max_model_len=layer.max_model_len,
             compress_ratio=layer.compress_ratio,
         )  # fmt: skip
-        live = ids >= 0
-        want = dense.gather(1, ids.clamp(min=0).long()).view(torch.int32)
-        differ = int(((logits.view(torch.int32) != want) & live).sum())
-        if differ:
+        counts = torch.zeros(3, dtype=torch.int64, device=logits.device)  # live, differ, compared
+        for r0 in range(0, rows, CHECK_ROWS):
+            i = ids[r0 : r0 + CHECK_ROWS]
+            live = i >= 0
+            want = dense[r0 : r0 + CHECK_ROWS].gather(1, i.clamp(min=0).long())
+            got = logits[r0 : r0 + CHECK_ROWS]
+            differ = (got != want) & ~(got.isnan() & want.isnan()) & live
+            meaningful = live & want.isfinite() & (want != 0)
+            counts += torch.stack([live.sum(), differ.sum(), meaningful.sum()])
+        live_n, differ_n, compared = counts.tolist()
+        if differ_n:
             _off["candidate_logits_top_k"] = "differed from vLLM's dense logits"
             logger.warning(
                 "dsv41_gfx942: candidate logits differ from vLLM's dense logits at %d of %d "
                 "candidate columns on this GPU; the hook stays off and vLLM's path runs",
-                differ, int(live.sum()),
+                differ_n, live_n,
             )  # fmt: skip
             return False
+        if compared < MIN_COMPARED:
+            return False  # too little to judge (a warm-up's dummy rows): vLLM's path, this once
         _cand_checked = True
-        logger.info("dsv41_gfx942: candidate logits equal vLLM's dense logits bit for bit at "
-                    "%d candidate columns; the hook serves", int(live.sum()))  # fmt: skip
+        logger.info("dsv41_gfx942: candidate logits equal vLLM's dense logits at %d candidate "
+                    "columns; the hook serves", live_n)  # fmt: skip
         return True
 
     return check
