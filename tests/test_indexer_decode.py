@@ -349,14 +349,19 @@ def test_first_candidate_logits_are_compared_with_vllms_dense_logits(vllm_env, m
     assert len(infos) == 1
 
 
+def _skewed_hook(monkeypatch, env, skew: str) -> None:
+    """The candidate-logits stand-in whose compact rows carry ``skew`` (ref_indexer)."""
+    skewed = ref.CandidateLogitsTopK(env.logits, skew=skew)
+    monkeypatch.setattr(topk, "candidate_logits_top_k",
+                        env.spy("hook:candidate_logits_top_k", skewed))  # fmt: skip
+
+
 def test_candidate_logits_compared_as_the_top_k_reads_them(vllm_env, monkeypatch):
     """-0 where vLLM has +0 orders alike: equal, the hook serves."""
     monkeypatch.setattr(indexer, "_cand_checked", False)
     plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "reader", "mtp_2d")
     install_hooks(monkeypatch, vllm_env, take=True)
-    signed = ref.CandidateLogitsTopK(vllm_env.logits, skew="zero sign")
-    monkeypatch.setattr(topk, "candidate_logits_top_k",
-                        vllm_env.spy("hook:candidate_logits_top_k", signed))  # fmt: skip
+    _skewed_hook(monkeypatch, vllm_env, "zero sign")
     run(vllm_env, plugin_layer, meta, q, n)
     assert vllm_env.calls == ["hook:candidate_logits_top_k", "vllm:logits"]
     assert indexer._cand_checked
@@ -390,9 +395,7 @@ def test_candidate_logits_that_differ_from_vllms_stay_off(vllm_env, monkeypatch,
     monkeypatch.setattr(indexer, "_cand_checked", False)
     plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "reader", "mtp_2d")
     install_hooks(monkeypatch, vllm_env, take=True)
-    skewed = ref.CandidateLogitsTopK(vllm_env.logits, skew="last bit")
-    monkeypatch.setattr(topk, "candidate_logits_top_k",
-                        vllm_env.spy("hook:candidate_logits_top_k", skewed))  # fmt: skip
+    _skewed_hook(monkeypatch, vllm_env, "last bit")
     run(vllm_env, oracle_layer, meta, q, n, plugin=False)
     first = ["hook:candidate_logits_top_k", "vllm:logits", "vllm:logits", "hook:candidate_top_k"]
     for expected in (first, ["vllm:logits", "hook:candidate_top_k"]):

@@ -188,11 +188,7 @@ def decode_step(layer, meta, num_tokens: int, q_fp8, weights) -> torch.Tensor:
         lambda: _candidate_logits(layer, decode, q, kv_cache, weights, cands, out),
     )
     if not done:
-        logits = _vllm_rocm.rocm_fp8_paged_mqa_logits(
-            q, kv_cache, weights[:rows], decode.seq_lens, decode.block_table,
-            decode.schedule_metadata, max_model_len=layer.max_model_len,
-            compress_ratio=layer.compress_ratio,
-        )  # fmt: skip
+        logits = _dense_logits(layer, decode, q, kv_cache, weights, rows)
         done = _candidates(layer, logits, next_n, decode.seq_lens, out, on)
     if not done:
         _top_k(layer, meta, logits, next_n, out, on)
@@ -203,6 +199,15 @@ def decode_step(layer, meta, num_tokens: int, q_fp8, weights) -> torch.Tensor:
         )
         buf[:n_dec, : unpacked.shape[-1]] = unpacked
     return buf
+
+
+def _dense_logits(layer, decode, q, kv_cache, weights, rows: int) -> torch.Tensor:
+    """vLLM's dense paged FP8 logits of the step's ``rows`` decode rows, as its branch calls it."""
+    return _vllm_rocm.rocm_fp8_paged_mqa_logits(
+        q, kv_cache, weights[:rows], decode.seq_lens, decode.block_table,
+        decode.schedule_metadata, max_model_len=layer.max_model_len,
+        compress_ratio=layer.compress_ratio,
+    )  # fmt: skip
 
 
 def _candidate_logits(layer, decode, q, kv_cache, weights, cands, out) -> bool:
@@ -240,11 +245,7 @@ def _dense_check(layer, q, kv_cache, weights, decode):
     def check(logits: torch.Tensor, ids: torch.Tensor) -> bool:
         global _cand_checked
         rows = logits.shape[0]
-        dense = _vllm_rocm.rocm_fp8_paged_mqa_logits(
-            q, kv_cache, weights[:rows], decode.seq_lens, decode.block_table,
-            decode.schedule_metadata, max_model_len=layer.max_model_len,
-            compress_ratio=layer.compress_ratio,
-        )  # fmt: skip
+        dense = _dense_logits(layer, decode, q, kv_cache, weights, rows)
         counts = torch.zeros(3, dtype=torch.int64, device=logits.device)  # live, differ, compared
         for r0 in range(0, rows, CHECK_ROWS):
             i = ids[r0 : r0 + CHECK_ROWS]

@@ -62,6 +62,12 @@ def _top_row_ok(got: torch.Tensor, values: torch.Tensor, cols: torch.Tensor, k: 
     return torch.equal(_keys(values[pos]).sort().values, _keys(values.topk(n).values).sort().values)
 
 
+def _row_ok(got: torch.Tensor, end: int, values: torch.Tensor, cols: torch.Tensor) -> bool:
+    """A top-512 row's contract: 0..end-1 then -1 for an end at or before 512, else the top
+    512 of ``values`` (at ``cols``)."""
+    return _iota_ok(got, end) if end <= K else _top_row_ok(got, values, cols, K)
+
+
 def _ends(seq_lens: torch.Tensor, rows: int, next_n: int, width: int) -> list[int]:
     """The top-k's row ends: 2-D lengths one a row, 1-D ones causal; clamped to [0, width]."""
     lens = seq_lens.view(-1).tolist()
@@ -72,8 +78,7 @@ def _ends(seq_lens: torch.Tensor, rows: int, next_n: int, width: int) -> list[in
 
 def _decode_bad(x, next_n, seq_lens, idx) -> str | None:
     for r, end in enumerate(_ends(seq_lens, x.shape[0], next_n, x.shape[1])):
-        cols = torch.arange(end, device=x.device)
-        if not (_iota_ok(idx[r], end) if end <= K else _top_row_ok(idx[r], x[r, :end], cols, K)):
+        if not _row_ok(idx[r], end, x[r, :end], torch.arange(end, device=x.device)):
             return f"row {r} (end {end})"
     return None
 
@@ -118,7 +123,7 @@ def _check_candidates(gen, i32, z) -> str | None:
         blocks = cands[r][cands[r] >= 0].unique().long()
         cols = (blocks[:, None] * BLOCK + torch.arange(BLOCK, device=dev)).flatten()
         cols = cols[cols < end].sort().values
-        if not (_iota_ok(idx[r], end) if end <= K else _top_row_ok(idx[r], z[r, cols], cols, K)):
+        if not _row_ok(idx[r], end, z[r, cols], cols):
             return f"candidate top-k: row {r} (end {end})"
     v = _grid_rows(gen, rows, 16384)
     ids = torch.randperm(1 << 20, generator=gen, device=dev)[: rows * 16384].view(rows, -1).int()
@@ -131,9 +136,7 @@ def _check_candidates(gen, i32, z) -> str | None:
     for r, end in enumerate(_ends(lens, rows, 1, 1 << 30)):
         live = ids[r] >= 0
         cols, order = ids[r][live].long().sort()
-        if not (
-            _iota_ok(idx[r], end) if end <= K else _top_row_ok(idx[r], v[r][live][order], cols, K)
-        ):
+        if not _row_ok(idx[r], end, v[r][live][order], cols):
             return f"compact top-k: row {r} (end {end})"
     return None
 
