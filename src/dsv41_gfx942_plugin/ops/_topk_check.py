@@ -10,9 +10,9 @@ of one and of two merge launches, the general path, 1-D causal lengths and rows 
 before 512; candidate and compact rows with -1 and repeated ids, fewer than 512 live entries or
 an end at or before 512; layer 20's selection with fewer than 2048 live blocks, one length a
 request, and rows of more than 16384 blocks (``dsv_select_blocks_wide``). Their values lie on
-a grid of 0.25 (ties at every cut), every 7th is -inf, a few +inf and NaN. H200: 3.5 ms of GPU
-time, 14-15 ms a check in all (the first, with the code object's load and torch's first
-launches, 0.9 s).
+a grid of 0.25 (ties at every cut), every 7th is -inf, a few +inf and NaN. H200: about 6 ms of
+GPU time (torch's profiler), 18.6-20.3 ms a check in all (the first, with the code object's load
+and torch's first launches, 0.71 s).
 """
 
 from __future__ import annotations
