@@ -15,6 +15,7 @@
 #include <ucontext.h>
 
 #include <algorithm>
+#include <map>
 #include <vector>
 
 #define __device__
@@ -40,6 +41,22 @@ struct Fiber {
   bool done;
   unsigned gen;  // wave operations this lane has started
   unsigned bar;  // barriers this lane has started
+  unsigned atom_gen, atom_k;  // atomicAdds since the last wave operation (see Conflicts)
+};
+
+// What gfx942's LDS would serialize: the lanes of one wave's atomic instruction that share an
+// address take one update each, in turn (vLLM's top-k spends 100 us on 6 x 128k masked rows for
+// it, ../shared/docs/performance-anchors.md). An atomicAdd is taken to be the k-th instruction
+// of its wave after the lane's last wave operation, so lanes that reach it between the same two
+// wave operations are one instruction (exact for count_digit, whose atomic follows its ballots;
+// a loop of atomics without wave operations, as the sparse count, pairs lanes by their k-th
+// atomic). Per launch: the instructions, and the updates beyond the first on each one's most
+// shared address ("extra", summed over instructions, and its largest in one workgroup).
+struct Conflicts {
+  uint64_t instructions, extra, extra_max_block;
+  unsigned depth_max;
+  // (wave, generation, k) -> address -> lanes
+  std::map<uint64_t, std::map<const void*, unsigned>> open;
 };
 
 struct Wave {
@@ -55,6 +72,7 @@ struct State {
   unsigned bar_arrived[2], bar_released[2];
   ucontext_t sched;
   Fiber* cur;
+  Conflicts conflicts;
   dsv_dim3 block_idx;
   int wave;  // lanes a wave
 };
@@ -138,6 +156,17 @@ inline void run_block(dsv_dim3 block, unsigned threads, int wave, Body body, voi
       swapcontext(&s.sched, &f.ctx);
     }
   }
+  uint64_t extra = 0;
+  for (auto& ins : s.conflicts.open) {
+    unsigned depth = 0;
+    for (auto& a : ins.second) depth = std::max(depth, a.second);
+    extra += depth - 1;
+    s.conflicts.depth_max = std::max(s.conflicts.depth_max, depth);
+  }
+  s.conflicts.instructions += s.conflicts.open.size();
+  s.conflicts.extra += extra;
+  s.conflicts.extra_max_block = std::max(s.conflicts.extra_max_block, extra);
+  s.conflicts.open.clear();
 }
 
 }  // namespace dsv_emu
@@ -158,6 +187,11 @@ using std::min;
 
 template <class T>
 inline T atomicAdd(T* p, T v) {
+  dsv_emu::State& s = dsv_emu::st();
+  dsv_emu::Fiber* f = s.cur;
+  if (f->atom_gen != f->gen + 1) f->atom_gen = f->gen + 1, f->atom_k = 0;
+  const uint64_t ins = (uint64_t)(f->tid / s.wave) << 48 | (uint64_t)f->gen << 16 | f->atom_k++;
+  ++s.conflicts.open[ins][p];
   const T old = *p;
   *p = old + v;
   return old;

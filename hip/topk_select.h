@@ -178,6 +178,12 @@ __device__ __forceinline__ void block_reduce(Sel<BLOCK, Id, B>& s, int& ph, uint
 // The lead's count and the others' ones in one atomic, not two (another run, two rounds):
 // selection 19.0-19.2 -> 18.4-18.6 us, decode 6x128k 14.0 -> 13.6, 32x1M 94.1 -> 92.3, masked
 // 101.8-102.1 -> 100.2-100.3; tied rows and the candidate top-k within 0.05 us.
+// Modelled gfx942 serialization (CPU emulation, benchmarks/topk_sweeps.md): at most 4.9% of a
+// workgroup's chain on random, bf16, masked and drifting rows, 14.7% in layer 20's selection on
+// a grid of 0.25, 37.9% on descending block scores (a wave straddling a bin's edge with the
+// rarer digit first). Aggregating the last active lane's digit too cut that to 5.3% but cost
+// the H200 1-5% everywhere (selection 15.25 -> 16.06 us): not adopted. CI holds the
+// aggregation (test_counts_keep_tied_lanes_off_one_lds_address).
 __device__ __forceinline__ void count_digit(uint32_t* hist, bool active, uint32_t digit) {
   const lanemask_t m = dsv_ballot(active);
   if (m == 0) return;

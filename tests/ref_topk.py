@@ -58,6 +58,8 @@ def make_logits(rows, width, kind="randn", seed=0, stride=None, device="cpu"):
         x.scatter_(1, cols, torch.full(cols.shape, 1e9, device=device))
     elif kind == "equal":  # one value everywhere
         x.fill_(1.5)
+    elif kind == "zeros":  # 95% zeros, the rest random: ties below the cut
+        x.masked_fill_(torch.rand(x.shape, device=device, generator=g) < 0.95, 0.0)
     elif kind == "cluster":  # the last 4096 columns of every 16384 high: more than a chunk's
         x[:, (torch.arange(width, device=device) // 4096) % 4 == 3] += 3.0  # 1024 superset slots
     return x

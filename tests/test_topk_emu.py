@@ -21,6 +21,7 @@ import ref_topk as ref
 from dsv41_gfx942_plugin.ops import _launcher, topk
 
 ROOT = Path(__file__).resolve().parent.parent
+_libs: dict[int, ctypes.CDLL] = {}  # the emulation's library of each wave width
 
 
 @pytest.fixture(scope="module", params=[64, 32], ids=["wave64", "wave32"])
@@ -38,6 +39,7 @@ def emu(request, tmp_path_factory):
     )  # fmt: skip
     lib = ctypes.CDLL(str(lib_path))
     lib.dsv_emu_launch.argtypes = [ctypes.c_char_p] + [ctypes.c_uint] * 3 + [ctypes.c_char_p]
+    _libs[request.param] = lib
     assert lib.dsv_emu_wave() == request.param
 
     class Kernel:
@@ -316,3 +318,63 @@ def test_select_one_length_a_request(emu):
     cands = torch.full((4, 2048), 777, dtype=torch.int32)
     assert topk.select_candidates(x, 2, seq, 8, cands)
     ref.check_select(x, 2, seq, 8, cands, f"wave{emu} select 1-D")
+
+
+def lds_conflicts(wave: int) -> list[int]:
+    """The LDS atomics' address conflicts since the last call (hip/cpu_emu.h's Conflicts):
+    [instructions, extra updates, the most extra in one workgroup, the deepest instruction]."""
+    out = (ctypes.c_uint64 * 4)()
+    _libs[wave].dsv_emu_conflicts(out)
+    return list(out)
+
+
+def _decode(x):
+    seq = lens([x.shape[1]])
+    idx = out(1)
+    assert topk.decode_top_k(x, 1, seq, idx, 512)
+    ref.check_decode(x, 1, seq, idx, "conflicts")
+
+
+def _select(x):
+    ends = torch.tensor([x.shape[1]], dtype=torch.int32)
+    cands = out(1, 2048)
+    assert topk.select_candidates(x, 1, ends, 8, cands)
+    ref.check_select(x, 1, ends, 8, cands, "conflicts")
+
+
+def _candidates(x):
+    seq = lens([x.shape[1]])
+    g = torch.Generator().manual_seed(1)
+    cands = torch.randperm(x.shape[1] // 8, generator=g)[:2048].int().view(1, -1)
+    idx = out(1)
+    assert topk.candidate_top_k(x, 1, seq, cands, 8, idx, 512)
+    ref.check_candidates(x, 1, seq, cands, 8, idx, "conflicts")
+
+
+@pytest.mark.parametrize(
+    "op,kind,bound",
+    [
+        (_decode, "ties", 256),  # 1 / 3,019
+        (_decode, "sparse_finite", 2048),  # 923 / 8,362
+        (_decode, "denormals", 4096),  # 1,454 / 9,572
+        (_select, "ties", 2048),  # 558 / 7,725
+        (_select, "zeros", 6144),  # 1,610 / 26,453
+        (_candidates, "ties", 256),  # 0 / 1,006
+        (_candidates, "sparse_finite", 512),  # 202 / 1,851
+        (_candidates, "denormals", 512),  # 140 / 1,843
+    ],
+    ids=lambda v: getattr(v, "__name__", v),
+)
+def test_counts_keep_tied_lanes_off_one_lds_address(emu, op, kind, bound):
+    """What gfx942 would serialize (modelled; no gfx942 has run these kernels): the updates
+    beyond the first on an LDS address shared by one wave's atomic, summed over a call on one
+    row of 65,536 logits (4 chunks and the merge; 8,192 blocks; 2,048 candidate blocks). The
+    comments give count_digit's wave aggregation / one plain atomic a key. The H200 prefers the
+    plain atomics (benchmarks/topk_sweeps.md: its shared atomics do not serialize), so this
+    holds the aggregation that gfx942 needs; the bounds lie between the two."""
+    if emu != 64:
+        pytest.skip("modelled for gfx942's wave64")
+    x = logits_of(1, 65536, kind, seed=0)
+    lds_conflicts(emu)
+    op(x)
+    assert lds_conflicts(emu)[1] <= bound

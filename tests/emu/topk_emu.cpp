@@ -43,6 +43,15 @@ int launch(void (*kernel)(A...), const char* buf, unsigned gx, unsigned gy, unsi
 
 extern "C" int dsv_emu_wave() { return DSV_WAVE; }
 
+// The LDS atomics' address conflicts of the launches since the last call (hip/cpu_emu.h's
+// Conflicts): out = {instructions, extra updates, the most extra in one workgroup, the deepest
+// instruction's lanes on one address}; then starts counting afresh.
+extern "C" void dsv_emu_conflicts(uint64_t* out) {
+  dsv_emu::Conflicts& c = dsv_emu::st().conflicts;
+  out[0] = c.instructions, out[1] = c.extra, out[2] = c.extra_max_block, out[3] = c.depth_max;
+  c = dsv_emu::Conflicts();
+}
+
 extern "C" int dsv_emu_launch(const char* name, unsigned gx, unsigned gy, unsigned threads,
                               const char* args) {
 #define DSV_EMU_KERNEL(k) \
