@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import types
 
 import pytest
 import torch
@@ -32,6 +33,7 @@ if torch.cuda.is_available() and importlib.util.find_spec("vllm._C") is None:
     _platforms._current_platform = UnspecifiedPlatform()
 
 import ref_markov as R  # noqa: E402
+from dsv41_gfx942_plugin.ops import _markov_check as C  # noqa: E402
 from dsv41_gfx942_plugin.ops import fused_markov as F  # noqa: E402
 from sanitizer import assert_clean, needs_sanitizer  # noqa: E402
 
@@ -67,6 +69,47 @@ def test_matches_vllm_loop(vocab, rank, rows, greedy, fp64):
     )
     ref, out = R.run_both_plain(spec, rows, base3, w1, w2, F._launch)
     _check(spec, rows, base3, w1, w2, ref, out)
+
+
+def _first_step(spec, rows, base3, w1, w2, fused=F._launch):
+    """``_markov_check.first_step`` on a plain case: the transcribed loop, then ``fused``."""
+    vocab = base3.shape[-1]
+    spec.model = types.SimpleNamespace(
+        markov_embed=lambda prev: torch.nn.functional.embedding(prev, w1),
+        markov_bias=lambda embed: torch.nn.functional.linear(embed, w2)[..., :vocab],
+    )
+    return C.first_step(
+        spec,
+        rows,
+        base3,
+        lambda: R.transcribed_loop(spec, rows, base3, w1, w2),
+        lambda: fused(spec, rows, base3, w1, w2),
+    )
+
+
+@pytest.mark.parametrize(
+    "rows,greedy,fp64,seed",
+    [(1, False, False, 1), (8, False, False, 2), (64, False, False, 3), (256, False, False, 4),
+     (8, True, False, 5), (200, True, False, 6), (3, False, True, 7)],
+)  # fmt: skip
+def test_first_step_check_passes_the_real_kernels(rows, greedy, fp64, seed):
+    """The comparison at first use (ops/_markov_check.py) accepts the kernels on this GPU, at
+    the full vocabulary, sampled and greedy, inert and live rows; the output stands."""
+    spec, w1, w2, base3 = R.make_plain_case(
+        vocab=V, rank=256, rows=rows, greedy=greedy, fp64=fp64, seed=seed
+    )
+    assert _first_step(spec, rows, base3, w1, w2)[0] is None
+
+
+def test_first_step_check_fails_a_wrong_token():
+    spec, w1, w2, base3 = R.make_plain_case(vocab=V, rank=256, rows=8, temps=(1.0,), inert=0.0)
+
+    def wrong(spec, *args):
+        F._launch(spec, *args)
+        spec.draft_tokens[2, 1] = (spec.draft_tokens[2, 1] + 1) % V
+
+    why, cached = _first_step(spec, 8, base3, w1, w2, wrong)
+    assert why.startswith("row 2 step 1: token") and cached
 
 
 @pytest.mark.parametrize("rows", [8, 64])

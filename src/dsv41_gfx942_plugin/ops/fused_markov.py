@@ -21,9 +21,11 @@ Tokens equal vLLM's wherever the step's logits are bit-equal; a bias may differ 
 its last bf16 bit (another summation order of the same exact products), which changes only which
 tokens are proposed: the rejection sampler verifies every one against the target.
 
-``sample_sequential`` returns False having done nothing when ``_why_not`` names a reason; the
-plugin's patch then runs vLLM's loop. The hooks read no environment variables (the patch layer
-gates them).
+The first steps of each launch configuration outside graph capture run vLLM's loop as well, and
+the fused output serves only when it is vLLM's within that rule (``_markov_check``); a difference
+keeps the fused path off in the process. ``sample_sequential`` returns False having done nothing
+when ``_why_not`` names a reason; the plugin's patch then runs vLLM's loop. The hooks read no
+environment variables (the patch layer gates them).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import torch
 import triton
 
 from .._log import logger
+from . import _markov_check
 from . import _markov_kernels as K
 
 __all__ = ["sample_sequential"]
@@ -117,6 +120,12 @@ _buffers: dict = {}
 # Launch configurations that failed to compile here (say, out of shared memory): their steps
 # take vLLM's loop from then on.
 _broken: set = set()
+# Launch configurations compared with vLLM's loop (_markov_check) at least once (a graph may
+# capture them), those compared on a step with cached logits too (compared no more; a greedy
+# draft has none), and why the fused path is off in this process when one differed.
+_checked: set = set()
+_settled: set = set()
+_check_failed: str | None = None
 
 
 def _log_once(why: str) -> None:
@@ -131,6 +140,8 @@ def _interpreted(device: torch.device) -> bool:
 
 def _why_not(spec, num_reqs: int) -> str | None:
     """Why this step must take vLLM's loop, or None when the fused launches compute it."""
+    if _check_failed is not None:
+        return _check_failed
     model = spec.model
     head = getattr(getattr(model, "model", None), "markov_head", None)
     if head is None or type(head).__name__ != "DSparkMarkovHead":
@@ -189,7 +200,38 @@ def _why_not(spec, num_reqs: int) -> str | None:
         return "CPU tensors without the Triton interpreter"
     if _capturing_cold(spec, w2.device, lp.org_vocab_size):
         return "scratch not allocated before CUDA graph capture"
+    if _capturing_unchecked(spec, num_reqs, w2.device):
+        return "not yet compared with vLLM's loop (inside CUDA graph capture)"
     return None
+
+
+def _capturing_unchecked(spec, num_reqs: int, device: torch.device) -> bool:
+    """Whether a CUDA graph is being captured on ``device`` before this step's launch
+    configuration was compared with vLLM's loop (``_markov_check``). vLLM runs each captured
+    batch eagerly first, which compares it."""
+    return (
+        device.type == "cuda"
+        and torch.cuda.is_current_stream_capturing()
+        and _launch_key(spec, num_reqs, device)[0] not in _checked
+    )
+
+
+def _compare_now(key: tuple) -> bool:
+    """Whether this step of the configuration is compared with vLLM's loop first: on a GPU until
+    a step with cached logits has compared (vLLM's warm-up rows are all inert: none); never under
+    the interpreter, the tests' backend (they compare every call)."""
+    return key[0] != "cpu" and key not in _settled
+
+
+def _launch_key(spec, num_reqs: int, device: torch.device) -> tuple[tuple, dict]:
+    """The step's launch configuration, and the key that names it (compiled, checked, broken)."""
+    w1 = spec.model.model.markov_head.markov_w1.weight
+    w2 = spec.model.model.markov_head.markov_w2.weight
+    vocab = min(w2.shape[0], spec.model.logits_processor.org_vocab_size)
+    greedy = spec.draft_logits is None
+    cfg = _config(num_reqs, vocab, w1.shape[1], _interpreted(device), greedy=greedy)
+    key = (device.type, w1.shape[1], greedy, bool(spec.use_fp64_gumbel))
+    return key + tuple(sorted(cfg.items())), cfg
 
 
 def _capturing_cold(spec, device: torch.device, vocab: int) -> bool:
@@ -280,11 +322,7 @@ def sample_sequential(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
         # The lm_head's output is not what the kernel adds to: vLLM's loop, from these logits.
         _log_once(f"{base.dtype} base logits of width {vocab} (bias {bias_width})")
         return _loop_rest(spec, num_reqs, base, sample_hidden)
-    interpreted = _interpreted(base.device)
-    greedy = spec.draft_logits is None
-    cfg = _config(num_reqs, vocab, w1.shape[1], interpreted, greedy=greedy)
-    key = (base.device.type, w1.shape[1], greedy, bool(spec.use_fp64_gumbel))
-    key += tuple(sorted(cfg.items()))
+    key, cfg = _launch_key(spec, num_reqs, base.device)
     if key in _broken:
         _log_once(f"a launch configuration that did not compile here: {key}")
         return _loop_rest(spec, num_reqs, base, sample_hidden)
@@ -296,8 +334,24 @@ def sample_sequential(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
         # allocates).
         _log_once("no memory for the fused path's scratch")
         return _loop_rest(spec, num_reqs, base, sample_hidden)
+    base3 = base.view(num_reqs, n_spec, vocab)
     try:
-        _launch(spec, num_reqs, base.view(num_reqs, n_spec, vocab), w1, w2, cfg)
+        if not _compare_now(key):
+            _launch(spec, num_reqs, base3, w1, w2, cfg)
+        else:
+            why, cached = _markov_check.first_step(
+                spec,
+                num_reqs,
+                base3,
+                lambda: _loop_rest(spec, num_reqs, base, sample_hidden),
+                lambda: _launch(spec, num_reqs, base3, w1, w2, cfg),
+            )
+            _checked.add(key)
+            if cached or spec.draft_logits is None:
+                _settled.add(key)
+            if why is not None:
+                _off(why)
+                return _loop_rest(spec, num_reqs, base, sample_hidden)
     except Exception as e:
         # A launch that raises has not run: Triton compiles a configuration at its first launch
         # and raises CompilationError, OutOfResources, or a RuntimeError from its backend's passes
@@ -309,6 +363,14 @@ def sample_sequential(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
         _scratch(spec, base.device, vocab)["win"].fill_(K.KEY_MIN.value)
         return _loop_rest(spec, num_reqs, base, sample_hidden)
     return True
+
+
+def _off(why: str) -> None:
+    """The fused path stays off in this process: its first step differed from vLLM's loop."""
+    global _check_failed
+    _check_failed = f"its first step differed from vLLM's loop ({why})"
+    logger.warning("dsv41_gfx942: the fused Markov launches differ from vLLM's loop on this GPU "
+                   "(%s); vLLM's loop runs instead in this process", why)  # fmt: skip
 
 
 def _launch(spec, num_reqs: int, base: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, cfg=None):

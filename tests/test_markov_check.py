@@ -1,0 +1,212 @@
+"""ops._markov_check, the fused Markov path's comparison with vLLM's loop at first use (CPU).
+
+``compare`` on made-up outputs, one rule at a time (each side of each bound); then the check
+wired into ``fused_markov.sample_sequential`` on vLLM 0.33.0's real speculator (the kernels in the
+Triton interpreter, where the check is otherwise off: the tests compare every call): the real
+kernels pass and serve from then on without vLLM's loop; kernels made to answer wrongly fail it,
+the step's output is vLLM's loop's, one warning, and the fused path stays off.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import test_fused_markov as T  # the interpreter's set-up and skip, the spy
+from dsv41_gfx942_plugin.ops import _markov_check as C
+from dsv41_gfx942_plugin.ops import fused_markov as F
+
+pytestmark = T.pytestmark
+R = T.R
+V = 4096
+REAL_LAUNCH = F._launch
+
+
+@pytest.fixture(autouse=True)
+def _fresh(monkeypatch):
+    """The check on under the interpreter; nothing logged, broken, checked or failed yet."""
+    monkeypatch.setattr(F, "_logged", set())
+    monkeypatch.setattr(F, "_broken", set())
+    monkeypatch.setattr(F, "_compare_now", lambda key: key not in F._settled)
+    monkeypatch.setattr(F, "_checked", set())
+    monkeypatch.setattr(F, "_settled", set())
+    monkeypatch.setattr(F, "_check_failed", None)
+
+
+def _outputs(rows=2, steps=3, hot=True):
+    g = torch.Generator().manual_seed(0)
+    base = (torch.randn(rows, steps, V, generator=g) * 3).bfloat16()
+    cached = (base.float() + torch.randn(rows, steps, V, generator=g)).bfloat16()
+    tokens = cached.float().argmax(-1)
+    live = torch.ones(rows, steps, dtype=torch.bool)
+    flags = live if hot else ~live
+    return tokens, cached, live, flags, base
+
+
+def _compare(tokens_out, cached_out, logits=None, hot=True):
+    tokens, cached, live, flags, base = _outputs(hot=hot)
+    return C.compare(
+        (tokens, tokens_out(tokens.clone())),
+        (cached, cached_out(cached.clone())),
+        live,
+        flags,
+        base,
+        logits or (lambda r, i: cached[r, i].float()),
+    )
+
+
+def _same(x):
+    return x
+
+
+def _set(r, i, col, value):
+    def f(x):
+        x[r, i, col] = value
+        return x
+
+    return f
+
+
+def _token(r, i, value):
+    def f(t):
+        t[r, i] = value
+        return t
+
+    return f
+
+
+def test_equal_outputs_pass():
+    assert C.compare(*_pair(*_outputs())) is None
+
+
+def _pair(tokens, cached, live, hot, base):
+    return (tokens, tokens.clone()), (cached, cached.clone()), live, hot, base, None
+
+
+def test_a_cached_logit_off_by_a_bias_bit_passes_and_beyond_fails():
+    tokens, cached, *_ = _outputs()
+    x = float(cached[0, 1, 5])
+    near = x + 2.0**-7 * abs(x)  # one or two bf16 ulps
+    assert _compare(_same, _set(0, 1, 5, near)) is None
+    why = "row 0 step 1: a cached logit differs beyond a bias's last bit"
+    assert _compare(_same, _set(0, 1, 5, x + 1.0 + abs(x))) == why
+    assert _compare(_same, _set(0, 1, 5, float("inf"))) == why
+
+
+def test_a_masked_logit_must_stay_masked():
+    """vLLM's -inf (a -inf base logit) is no bias's last bit away from a finite value."""
+    tokens, cached, live, hot, base = _outputs()
+    cached[1, 2, 9] = float("-inf")
+    out = cached.clone()
+    out[1, 2, 9] = -3.0e38
+    why = C.compare((tokens, tokens), (cached, out), live, hot, base, None)
+    assert why == "row 1 step 2: a cached logit differs beyond a bias's last bit"
+
+
+def test_too_many_small_differences_fail():
+    def shift(x):
+        b = x.view(torch.int16)
+        b[0, 0, :30] += 1  # one bf16 ulp each, 30 of 6 * 4096 values: more than 1e-3
+        return x
+
+    assert _compare(_same, shift) == "30 of 24576 cached logits differ"
+
+
+def test_a_sampled_token_may_differ_only_where_a_cached_value_does():
+    tokens, *_ = _outputs()
+    a, other = int(tokens[1, 0]), (int(tokens[1, 0]) + 3) % V
+    assert _compare(_token(1, 0, other), _same) == (
+        f"row 1 step 0: token {other}, not {a}, with their logits vLLM's"
+    )
+    x = float(_outputs()[1][1, 0, other])
+    assert _compare(_token(1, 0, other), _set(1, 0, other, x + 2.0**-7 * abs(x))) is None
+
+
+def test_later_steps_of_a_row_whose_token_differs_are_not_judged():
+    tokens, cached, *_ = _outputs()
+    other = (int(tokens[1, 0]) + 3) % V
+    x = float(cached[1, 0, other])
+
+    def both(c):
+        c[1, 0, other] = x + 2.0**-7 * abs(x)
+        c[1, 2, 7] = 1e4  # after the difference: another previous token, other logits
+        return c
+
+    assert _compare(_token(1, 0, other), both) is None
+
+
+def test_an_argmax_token_must_hold_the_maximum():
+    tokens, cached, *_ = _outputs(hot=False)
+    logits = cached[0, 2].float()
+    top, second, low = int(logits.argmax()), int(logits.topk(2).indices[1]), int(logits.argmin())
+    tie = logits.clone()
+    tie[second] = tie[top] - 2.0**-8 * abs(float(tie[top]))
+    assert _compare(_token(0, 2, second), _same, lambda r, i: tie, hot=False) is None
+    assert _compare(_token(0, 2, low), _same, lambda r, i: logits, hot=False) == (
+        f"row 0 step 2: argmax token {low}, not {top}"
+    )
+
+
+def test_the_real_kernels_pass_and_serve_without_the_loop():
+    for greedy in (False, True):
+        spec, hidden = R.make_case(vocab=700, rows=5, n_spec=3, greedy=greedy, seed=81)
+        took, ref, out = R.run_both(spec, 5, hidden, F.sample_sequential, fused_only=False)
+        assert took and F._check_failed is None and len(F._settled) == 1 + greedy
+        R.check_rule(spec, 5, R.model_base(spec, 5, hidden), R.model_bias_fn(spec), ref, out)
+        took, ref, out = R.run_both(spec, 5, hidden, F.sample_sequential)  # no loop now
+        assert took
+
+
+def test_inert_rows_only_compare_again_at_the_next_step():
+    """vLLM's warm-up (every row inert: no cached logits) compares a sampled configuration, so a
+    graph may capture it, but its next step outside capture is compared again."""
+    spec, hidden = R.make_case(vocab=700, rows=5, n_spec=3, inert=1.0, seed=84)
+    took, ref, out = R.run_both(spec, 5, hidden, F.sample_sequential, fused_only=False)
+    assert took and len(F._checked) == 1 and F._settled == set()
+    with pytest.raises(AssertionError, match="fell back to vLLM's loop"):
+        R.run_both(spec, 5, hidden, F.sample_sequential)  # the comparison runs the loop
+
+
+def _next_token(spec):
+    spec.draft_tokens[0, 0] = (spec.draft_tokens[0, 0] + 1) % 700
+
+
+def _raise_a_logit(spec):
+    spec.draft_logits[int(spec.sample_idx_mapping[1]), 1, 3] = 1e4  # row 0, step 1
+
+
+@pytest.mark.parametrize(
+    "spoil,why",
+    [
+        (_next_token, "row 0 step 0: token"),
+        (_raise_a_logit, "row 0 step 1: a cached logit differs beyond a bias's last bit"),
+    ],
+)
+def test_wrong_kernels_fail_and_vllms_loop_serves(spoil, why, monkeypatch, plugin_log):
+    def launch(spec, *args, **kwargs):  # the kernels, then a wrong answer
+        REAL_LAUNCH(spec, *args, **kwargs)
+        spoil(spec)
+
+    monkeypatch.setattr(F, "_launch", launch)
+    spec, hidden = R.make_case(vocab=700, rows=3, n_spec=3, temps=(1.0,), inert=0.0, seed=82)
+    took, ref, out = R.run_both(spec, 3, hidden, F.sample_sequential, fused_only=False)
+    assert took and why in F._check_failed
+    assert torch.equal(ref["tokens"], out["tokens"]) and torch.equal(ref["cache"], out["cache"])
+    warned = [r for r in plugin_log.records if "differ from vLLM's loop" in r.getMessage()]
+    assert [r.levelname for r in warned] == ["WARNING"]
+    T._assert_declines(spec, hidden, 3, F._check_failed, T._install_spy(monkeypatch), plugin_log)
+
+
+def test_capture_before_the_comparison_declines(monkeypatch):
+    """Inside capture, a configuration not yet compared is declined (vLLM's loop is captured);
+    once compared, or outside capture, not. Only on a GPU: the interpreter is never checked."""
+    spec, _ = T._base_case(seed=83)
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert F._capturing_unchecked(spec, 3, cuda)
+    assert not F._capturing_unchecked(spec, 3, torch.device("cpu"))
+    F._checked.add(F._launch_key(spec, 3, cuda)[0])
+    assert not F._capturing_unchecked(spec, 3, cuda)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(F, "_checked", set())
+    assert not F._capturing_unchecked(spec, 3, cuda)
