@@ -12,7 +12,9 @@ process and the step's output is vLLM's loop's. The rule, for each row and step 
 tokens agree: a cached value may differ from vLLM's only as a bias's last bf16 bit would move it
 (within ``TOL`` of the magnitudes), in at most ``MAX_DIFFER`` of the compared values; a sampled
 token may differ only where the cached value of one of the two tokens does; an argmax token (a
-greedy draft, temperature 0, an inert row) must hold vLLM's maximum logit within ``TOL``.
+greedy draft, temperature 0, an inert row) must hold vLLM's maximum logit within ``TOL``. H200,
+129280 tokens, 5 steps: 15-19 ms a comparison of sampled drafts (8 and 256 rows), 2.8 ms of
+greedy ones (256 rows), against 0.5-1.0 ms for the fused launches alone (eager).
 """
 
 from __future__ import annotations
