@@ -197,6 +197,26 @@ def test_wrong_kernels_fail_and_vllms_loop_serves(spoil, why, monkeypatch, plugi
     T._assert_declines(spec, hidden, 3, F._check_failed, T._install_spy(monkeypatch), plugin_log)
 
 
+def test_out_of_memory_in_the_comparison_is_no_broken_configuration(monkeypatch):
+    """The comparison's copies find no memory: the error reaches the patch (which runs vLLM's
+    loop for the step, speculator._fused), the winners are reset, nothing is marked broken or
+    compared, and the next step compares."""
+    real = C.first_step
+
+    def no_memory(*args):
+        raise torch.OutOfMemoryError("no memory")
+
+    monkeypatch.setattr(C, "first_step", no_memory)
+    spec, hidden = R.make_case(vocab=700, rows=3, n_spec=3, seed=85)
+    with pytest.raises(torch.OutOfMemoryError):
+        F.sample_sequential(spec, 3, hidden)
+    assert F._broken == set() and F._checked == set() and F._check_failed is None
+    assert (F._scratch(spec, torch.device("cpu"), 700)["win"] == -(2**63)).all()
+    monkeypatch.setattr(C, "first_step", real)
+    took, ref, out = R.run_both(spec, 3, hidden, F.sample_sequential, fused_only=False)
+    assert took and len(F._settled) == 1
+
+
 def test_capture_before_the_comparison_declines(monkeypatch):
     """Inside capture, a configuration not yet compared is declined (vLLM's loop is captured);
     once compared, or outside capture, not. Only on a GPU: the interpreter is never checked."""

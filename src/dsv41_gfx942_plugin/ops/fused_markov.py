@@ -352,6 +352,11 @@ def sample_sequential(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
             if why is not None:
                 _off(why)
                 return _loop_rest(spec, num_reqs, base, sample_hidden)
+    except torch.OutOfMemoryError:
+        # The comparison's copies (or a launch) found no memory: no broken configuration. The
+        # patch runs vLLM's loop for this step (speculator._fused), and the next tries again.
+        _scratch(spec, base.device, vocab)["win"].fill_(K.KEY_MIN.value)
+        raise
     except Exception as e:
         # A launch that raises has not run: Triton compiles a configuration at its first launch
         # and raises CompilationError, OutOfResources, or a RuntimeError from its backend's passes
