@@ -103,6 +103,10 @@ def test_a_masked_logit_must_stay_masked():
     assert why == "row 1 step 2: a cached logit differs beyond a bias's last bit"
 
 
+def test_a_token_outside_the_vocabulary_fails():
+    assert _compare(_token(0, 0, -1), _same) == "row 0 step 0: token -1 outside the vocabulary"
+
+
 def test_too_many_small_differences_fail():
     def shift(x):
         b = x.view(torch.int16)
@@ -175,17 +179,24 @@ def _raise_a_logit(spec):
     spec.draft_logits[int(spec.sample_idx_mapping[1]), 1, 3] = 1e4  # row 0, step 1
 
 
+def _lose_cache_stores(spec):
+    spec.draft_logits[int(spec.sample_idx_mapping[0]), 0] = float("nan")  # row 0, step 0
+
+
 @pytest.mark.parametrize(
     "spoil,why",
     [
         (_next_token, "row 0 step 0: token"),
         (_raise_a_logit, "row 0 step 1: a cached logit differs beyond a bias's last bit"),
+        (None, "row 0 step 0: token -1 outside the vocabulary"),  # no stores at all
+        (_lose_cache_stores, "row 0 step 0: a cached logit differs beyond a bias's last bit"),
     ],
 )
 def test_wrong_kernels_fail_and_vllms_loop_serves(spoil, why, monkeypatch, plugin_log):
-    def launch(spec, *args, **kwargs):  # the kernels, then a wrong answer
-        REAL_LAUNCH(spec, *args, **kwargs)
-        spoil(spec)
+    def launch(spec, *args, **kwargs):  # the kernels, then a wrong answer; or nothing at all
+        if spoil is not None:
+            REAL_LAUNCH(spec, *args, **kwargs)
+            spoil(spec)
 
     monkeypatch.setattr(F, "_launch", launch)
     spec, hidden = R.make_case(vocab=700, rows=3, n_spec=3, temps=(1.0,), inert=0.0, seed=82)
@@ -230,3 +241,16 @@ def test_capture_before_the_comparison_declines(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(F, "_checked", set())
     assert not F._capturing_unchecked(spec, 3, cuda)
+
+
+def test_never_compared_inside_capture(monkeypatch):
+    """The comparison copies to the host, which a capture forbids: inside one, a configuration
+    compared before (vLLM's eager warm-up) is launched without comparing."""
+    monkeypatch.undo()  # the real _compare_now
+    key = ("cuda", 64, False, False)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert not F._compare_now(key)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    assert F._compare_now(key) and not F._compare_now(("cpu",) + key[1:])
+    monkeypatch.setattr(F, "_settled", {key})
+    assert not F._compare_now(key)

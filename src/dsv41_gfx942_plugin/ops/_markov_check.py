@@ -1,20 +1,20 @@
-"""The fused Markov path's check at first use: the first step of each launch configuration outside
-graph capture also runs vLLM's loop, and the fused launches serve from then on only when their
-output is vLLM's within the issue's rule.
+"""The fused Markov path's check at first use: the first steps of each launch configuration outside
+graph capture also run vLLM's loop, and the fused launches serve from then on only when their
+output was vLLM's within the issue's rule.
 
 No gfx942 GPU has run the Triton kernels. One that compiles and launches but computes wrongly
 there (a compiler's or a Triton release's semantics that neither the interpreter nor the H200 can
 show) would propose other drafts, or cache draft logits other than the ones it sampled from,
 which the rejection sampler trusts. ``fused_markov.sample_sequential`` therefore runs
-:func:`first_step`: vLLM's loop, then the fused launches over the same inputs, then
-:func:`compare` on the first ``CHECK_ROWS`` rows. A difference keeps the fused path off in the
-process and the step's output is vLLM's loop's. The rule, for each row and step whose earlier
-tokens agree: a cached value may differ from vLLM's only as a bias's last bf16 bit would move it
-(within ``TOL`` of the magnitudes), in at most ``MAX_DIFFER`` of the compared values; a sampled
-token may differ only where the cached value of one of the two tokens does; an argmax token (a
-greedy draft, temperature 0, an inert row) must hold vLLM's maximum logit within ``TOL``. H200,
-129280 tokens, 5 steps: 15-19 ms a comparison of sampled drafts (8 and 256 rows), 2.8 ms of
-greedy ones (256 rows), against 0.5-1.0 ms for the fused launches alone (eager).
+:func:`first_step`: the fused launches, then vLLM's loop over the same inputs (whose output the
+step keeps), then :func:`compare` on the first ``CHECK_ROWS`` rows. A difference keeps the fused
+path off in the process. The rule, for each row and step whose earlier tokens agree: a cached value
+may differ from vLLM's within ``TOL`` of its and its base logit's magnitudes (a bias's last bf16 bit
+fits in it; looser where the base logit dominates), in at most ``MAX_DIFFER`` of the compared
+values; a sampled token may differ only where the cached value of one of the two tokens does; an
+argmax token (a greedy draft, temperature 0, an inert row) must hold vLLM's maximum logit within
+``TOL``. H200, 129280 tokens, 5 steps: 24-35 ms a comparison of sampled drafts (8 and 256 rows), 2.8
+ms of greedy ones (256 rows), against 0.5-1.0 ms for the fused launches alone (eager).
 """
 
 from __future__ import annotations
@@ -48,6 +48,8 @@ def compare(tokens, cached, live, hot, base, logits_fn) -> str | None:
     for r in range(rows):
         for i in range(steps):
             a, b = int(t_ref[r, i]), int(t_out[r, i])
+            if not 0 <= b < base.shape[-1]:
+                return f"row {r} step {i}: token {b} outside the vocabulary"
             eq = None
             if bool(live[r, i]):
                 c_ref, c_out = cached[0][r, i], cached[1][r, i]
@@ -77,26 +79,30 @@ def compare(tokens, cached, live, hot, base, logits_fn) -> str | None:
 
 
 def first_step(spec, num_reqs: int, base: torch.Tensor, loop, fused) -> tuple[str | None, bool]:
-    """Runs ``loop()`` (vLLM's loop from ``base``, [rows, steps, V]) and then ``fused()`` on the
-    speculator's state. Returns None when :func:`compare` accepts the fused output (it stands),
-    else why (the caller runs ``loop()`` again: vLLM's output); and whether any compared entry
-    had cached logits (a live row of a sampled draft)."""
+    """Runs ``fused()`` and then ``loop()`` (vLLM's loop from ``base``, [rows, steps, V]) on the
+    speculator's state, the compared rows' tokens set to -1 and their cached logits to NaN before
+    the fused launches, so that a store they miss shows. The step's output is vLLM's loop's either
+    way. Returns None when :func:`compare` accepts the fused output, else why; and whether any
+    compared row was live (vLLM's warm-up rows are all inert)."""
     n_spec, vocab = base.shape[1], base.shape[2]
     rows = min(num_reqs, CHECK_ROWS)
     idx = spec.sample_idx_mapping[: num_reqs * n_spec].view(num_reqs, n_spec)[:rows].long()
     req = idx.clamp(min=0)
-    steps = torch.arange(n_spec, device=idx.device)
+    steps = torch.arange(n_spec, device=idx.device).expand_as(req)
     cache = spec.draft_logits
+    live = (idx >= 0) if cache is not None else torch.zeros_like(idx, dtype=torch.bool)
 
     def state():
         tokens = spec.draft_tokens[:rows, :n_spec].clone()
         return tokens, None if cache is None else cache[req, steps, :vocab]  # a copy
 
-    loop()
-    tokens_ref, cached_ref = state()
+    spec.draft_tokens[:rows, :n_spec] = -1
+    if cache is not None:
+        cache[req[live], steps[live], :vocab] = float("nan")
     fused()
     tokens_out, cached_out = state()
-    live = (idx >= 0) if cache is not None else torch.zeros_like(idx, dtype=torch.bool)
+    loop()
+    tokens_ref, cached_ref = state()
     hot = live & (spec.temperature[req] != 0)
     model = spec.model
     first = spec.input_buffers.input_ids[spec._anchor_idx[:rows]]
@@ -105,13 +111,12 @@ def first_step(spec, num_reqs: int, base: torch.Tensor, loop, fused) -> tuple[st
         prev = first[r : r + 1] if i == 0 else tokens_ref[r : r + 1, i - 1]
         return (base[r : r + 1, i] + model.markov_bias(model.markov_embed(prev)))[0].float()
 
-    live = live.cpu()
     why = compare(
         (tokens_ref.cpu(), tokens_out.cpu()),
         None if cache is None else (cached_ref.cpu(), cached_out.cpu()),
-        live,
+        live.cpu(),
         hot.cpu(),
         base[:rows].cpu(),
         lambda r, i: logits_fn(r, i).cpu(),
     )
-    return why, bool(live.any())
+    return why, bool((idx >= 0).any())

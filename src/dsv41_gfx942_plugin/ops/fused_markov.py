@@ -121,8 +121,8 @@ _buffers: dict = {}
 # take vLLM's loop from then on.
 _broken: set = set()
 # Launch configurations compared with vLLM's loop (_markov_check) at least once (a graph may
-# capture them), those compared on a step with cached logits too (compared no more; a greedy
-# draft has none), and why the fused path is off in this process when one differed.
+# capture them), those compared on a step with a live row too (compared no more), and why the
+# fused path is off in this process when one differed.
 _checked: set = set()
 _settled: set = set()
 _check_failed: str | None = None
@@ -217,10 +217,11 @@ def _capturing_unchecked(spec, num_reqs: int, device: torch.device) -> bool:
 
 
 def _compare_now(key: tuple) -> bool:
-    """Whether this step of the configuration is compared with vLLM's loop first: on a GPU until
-    a step with cached logits has compared (vLLM's warm-up rows are all inert: none); never under
-    the interpreter, the tests' backend (they compare every call)."""
-    return key[0] != "cpu" and key not in _settled
+    """Whether this step of the configuration is compared with vLLM's loop: on a GPU outside
+    graph capture (the comparison copies to the host), until a step with a live row has compared
+    (vLLM's warm-up rows are all inert); never under the interpreter, the tests' backend (they
+    compare every call)."""
+    return key[0] == "cuda" and key not in _settled and not torch.cuda.is_current_stream_capturing()
 
 
 def _launch_key(spec, num_reqs: int, device: torch.device) -> tuple[tuple, dict]:
@@ -339,7 +340,7 @@ def sample_sequential(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
         if not _compare_now(key):
             _launch(spec, num_reqs, base3, w1, w2, cfg)
         else:
-            why, cached = _markov_check.first_step(
+            why, live = _markov_check.first_step(
                 spec,
                 num_reqs,
                 base3,
@@ -347,11 +348,10 @@ def sample_sequential(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
                 lambda: _launch(spec, num_reqs, base3, w1, w2, cfg),
             )
             _checked.add(key)
-            if cached or spec.draft_logits is None:
+            if live:
                 _settled.add(key)
             if why is not None:
-                _off(why)
-                return _loop_rest(spec, num_reqs, base, sample_hidden)
+                _off(why)  # the step's output is vLLM's loop's
     except torch.OutOfMemoryError:
         # The comparison's copies (or a launch) found no memory: no broken configuration. The
         # patch runs vLLM's loop for this step (speculator._fused), and the next tries again.
