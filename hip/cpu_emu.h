@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <map>
+#include <tuple>
 #include <vector>
 
 #define __device__
@@ -56,7 +57,7 @@ struct Conflicts {
   uint64_t instructions, extra, extra_max_block;
   unsigned depth_max;
   // (wave, generation, k) -> address -> lanes
-  std::map<uint64_t, std::map<const void*, unsigned>> open;
+  std::map<std::tuple<unsigned, unsigned, unsigned>, std::map<const void*, unsigned>> open;
 };
 
 struct Wave {
@@ -190,8 +191,7 @@ inline T atomicAdd(T* p, T v) {
   dsv_emu::State& s = dsv_emu::st();
   dsv_emu::Fiber* f = s.cur;
   if (f->atom_gen != f->gen + 1) f->atom_gen = f->gen + 1, f->atom_k = 0;
-  const uint64_t ins = (uint64_t)(f->tid / s.wave) << 48 | (uint64_t)f->gen << 16 | f->atom_k++;
-  ++s.conflicts.open[ins][p];
+  ++s.conflicts.open[std::make_tuple(f->tid / s.wave, f->gen, f->atom_k++)][p];
   const T old = *p;
   *p = old + v;
   return old;

@@ -90,7 +90,8 @@ def first_step(spec, num_reqs: int, base: torch.Tensor, loop, fused) -> tuple[st
     req = idx.clamp(min=0)
     steps = torch.arange(n_spec, device=idx.device).expand_as(req)
     cache = spec.draft_logits
-    live = (idx >= 0) if cache is not None else torch.zeros_like(idx, dtype=torch.bool)
+    requested = idx >= 0
+    live = requested if cache is not None else torch.zeros_like(requested)
 
     def state():
         tokens = spec.draft_tokens[:rows, :n_spec].clone()
@@ -119,4 +120,4 @@ def first_step(spec, num_reqs: int, base: torch.Tensor, loop, fused) -> tuple[st
         base[:rows].cpu(),
         lambda r, i: logits_fn(r, i).cpu(),
     )
-    return why, bool((idx >= 0).any())
+    return why, bool(requested.any())
