@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import shutil
+import struct
 import subprocess
 from pathlib import Path
 
@@ -328,6 +329,35 @@ def lds_conflicts(wave: int) -> list[int]:
     return list(out)
 
 
+def _probe_expected(wave: int, waves: int, mod: int) -> tuple[list[int], int]:
+    """dsv_emu_probe's count, worked out lane by lane: each wave's k-th atomic of its loop
+    (lanes with lane % 3 > k, at lane % mod), then its atomic after the ballot (even lanes, at 0);
+    [instructions, extra, extra of the workgroup, deepest], and the sum of the adds."""
+    depths = []
+    for k in range(2):
+        lanes = [ln for ln in range(wave) if ln % 3 > k]
+        depths.append(max(sum(1 for ln in lanes if ln % mod == a) for a in range(mod)))
+    depths.append(wave // 2)
+    extra = sum(d - 1 for d in depths) * waves
+    adds = (sum(ln % 3 for ln in range(wave)) + wave // 2) * waves
+    return [3 * waves, extra, extra, max(depths)], adds
+
+
+@pytest.mark.parametrize("mod", [1, 4, 64])
+def test_conflict_count_has_known_answers(emu, mod):
+    """The counter behind the bound below, on a probe kernel whose count is known lane by lane
+    (tests/emu/topk_emu.cpp): a counter that missed the shared addresses, split one wave's
+    instruction in two or merged two would pass an upper bound but fails this."""
+    waves = 4
+    buf = torch.zeros(64, dtype=torch.int32)
+    lds_conflicts(emu)
+    args = struct.pack("<Qi", buf.data_ptr(), mod)
+    assert _libs[emu].dsv_emu_launch(b"dsv_emu_probe", 1, 1, waves * emu, args) == 0
+    want, adds = _probe_expected(emu, waves, mod)
+    assert lds_conflicts(emu) == want, f"wave{emu} mod {mod}"
+    assert int(buf.sum()) == adds
+
+
 def _decode(x):
     seq = lens([x.shape[1]])
     idx = out(1)
@@ -351,6 +381,7 @@ def _candidates(x):
     ref.check_candidates(x, 1, seq, cands, 8, idx, "conflicts")
 
 
+@pytest.mark.parametrize("emu", [64], indirect=True)  # modelled for gfx942's wave64
 @pytest.mark.parametrize(
     "op,kind,bound",
     [
@@ -372,8 +403,6 @@ def test_counts_keep_tied_lanes_off_one_lds_address(emu, op, kind, bound):
     comments give count_digit's wave aggregation / one plain atomic a key. The H200 prefers the
     plain atomics (benchmarks/topk_sweeps.md: its shared atomics do not serialize), so this
     holds the aggregation that gfx942 needs; the bounds lie between the two."""
-    if emu != 64:
-        pytest.skip("modelled for gfx942's wave64")
     x = logits_of(1, 65536, kind, seed=0)
     lds_conflicts(emu)
     op(x)

@@ -41,6 +41,15 @@ int launch(void (*kernel)(A...), const char* buf, unsigned gx, unsigned gy, unsi
 
 }  // namespace
 
+// A known answer for the conflict count (test_conflict_count_has_known_answers): each lane adds
+// (lane % 3) times at buf[lane % mod] (a loop of atomics, as the sparse count), then, after a
+// wave operation, once at buf[0] if its lane is even (as count_digit's atomic after its ballots).
+extern "C" void dsv_emu_probe(int* buf, int mod) {
+  const unsigned lane = threadIdx.x % DSV_WAVE;
+  for (unsigned i = 0; i < lane % 3; ++i) atomicAdd(&buf[lane % mod], 1);
+  if (dsv_ballot(true) && lane % 2 == 0) atomicAdd(&buf[0], 1);
+}
+
 extern "C" int dsv_emu_wave() { return DSV_WAVE; }
 
 // The LDS atomics' address conflicts of the launches since the last call (hip/cpu_emu.h's
@@ -64,5 +73,6 @@ extern "C" int dsv_emu_launch(const char* name, unsigned gx, unsigned gy, unsign
   DSV_EMU_KERNEL(dsv_topk512_compact)
   DSV_EMU_KERNEL(dsv_select_blocks)
   DSV_EMU_KERNEL(dsv_select_blocks_wide)
+  DSV_EMU_KERNEL(dsv_emu_probe)
   return -1;
 }
