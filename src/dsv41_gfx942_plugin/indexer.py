@@ -182,13 +182,16 @@ def decode_step(layer, meta, num_tokens: int, q_fp8, weights) -> torch.Tensor:
     cands = layer.candidate_blocks
     reader = cands is not None and not layer.candidate_write
 
+    spare: dict = {}  # the dense logits a declining comparison computed (_dense_check)
     done = reader and _hook(
         "candidate_logits_top_k",
         on and layer.dsv41_cand_logits,
-        lambda: _candidate_logits(layer, decode, q, kv_cache, weights, cands, out),
+        lambda: _candidate_logits(layer, decode, q, kv_cache, weights, cands, out, spare),
     )
     if not done:
-        logits = _dense_logits(layer, decode, q, kv_cache, weights, rows)
+        logits = spare.get("dense")
+        if logits is None or logits.shape[0] != rows:
+            logits = _dense_logits(layer, decode, q, kv_cache, weights, rows)
         done = _candidates(layer, logits, next_n, decode.seq_lens, out, on)
     if not done:
         _top_k(layer, meta, logits, next_n, out, on)
@@ -210,14 +213,14 @@ def _dense_logits(layer, decode, q, kv_cache, weights, rows: int) -> torch.Tenso
     )  # fmt: skip
 
 
-def _candidate_logits(layer, decode, q, kv_cache, weights, cands, out) -> bool:
+def _candidate_logits(layer, decode, q, kv_cache, weights, cands, out, spare) -> bool:
     """The candidate-logits hook, with vLLM's dense logits to compare against until a step has
     compared (``_dense_check``). Inside CUDA-graph capture, where the comparison cannot read its
     result, a process that has not compared yet declines before any kernel runs, and vLLM's
     path is captured."""
     if not _cand_checked and _capturing(q):
         return False
-    check = None if _cand_checked else _dense_check(layer, q, kv_cache, weights, decode)
+    check = None if _cand_checked else _dense_check(layer, q, kv_cache, weights, decode, spare)
     return topk.candidate_logits_top_k(
         q, kv_cache, weights, decode.seq_lens, decode.block_table, cands,
         layer.candidate_block_size, out, layer.topk_tokens,
@@ -233,19 +236,21 @@ MIN_COMPARED = 2048
 CHECK_ROWS = 64
 
 
-def _dense_check(layer, q, kv_cache, weights, decode):
+def _dense_check(layer, q, kv_cache, weights, decode, spare: dict):
     """The check the candidate-logits hook gets until a step has compared: its compact rows
     against vLLM's dense logits of the same step at every live candidate column, equal as the
     top-k compares them (-0 = +0, NaN = NaN). The candidate kernel mirrors one AITER release's
     arithmetic and no gfx942 GPU has compared the two yet; another AITER build, or a gfx942 that
     computes otherwise, would change index sets near the cut with no error. Any difference keeps
     the hook off in this process (one warning; vLLM's dense path runs). Equal over at least
-    MIN_COMPARED meaningful columns: the hook serves from then on, unchecked."""
+    MIN_COMPARED meaningful columns: the hook serves from then on, unchecked. A check that
+    declines leaves its dense logits in ``spare`` for vLLM's path of the same step, which would
+    otherwise compute them again (and hold both: rows x max_model_len fp32 each)."""
 
     def check(logits: torch.Tensor, ids: torch.Tensor) -> bool:
         global _cand_checked
         rows = logits.shape[0]
-        dense = _dense_logits(layer, decode, q, kv_cache, weights, rows)
+        dense = spare["dense"] = _dense_logits(layer, decode, q, kv_cache, weights, rows)
         counts = torch.zeros(3, dtype=torch.int64, device=logits.device)  # live, differ, compared
         for r0 in range(0, rows, CHECK_ROWS):
             i = ids[r0 : r0 + CHECK_ROWS]
@@ -267,6 +272,7 @@ def _dense_check(layer, q, kv_cache, weights, decode):
         if compared < MIN_COMPARED:
             return False  # too little to judge (a warm-up's dummy rows): vLLM's path, this once
         _cand_checked = True
+        del spare["dense"]
         logger.info("dsv41_gfx942: candidate logits equal vLLM's dense logits at %d candidate "
                     "columns; the hook serves", live_n)  # fmt: skip
         return True
