@@ -101,15 +101,17 @@ def test_first_step_check_passes_the_real_kernels(rows, greedy, fp64, seed):
     assert _first_step(spec, rows, base3, w1, w2)[0] is None
 
 
-def test_first_step_check_fails_a_wrong_token():
-    spec, w1, w2, base3 = R.make_plain_case(vocab=V, rank=256, rows=8, temps=(1.0,), inert=0.0)
+@pytest.mark.parametrize("rows,row", [(8, 2), (256, 255)])
+def test_first_step_check_fails_a_wrong_token(rows, row):
+    """A token changed in the first row tile, or in the last row of the last one, is refused."""
+    spec, w1, w2, base3 = R.make_plain_case(vocab=V, rank=256, rows=rows, temps=(1.0,), inert=0.0)
 
     def wrong(spec, *args):
         F._launch(spec, *args)
-        spec.draft_tokens[2, 1] = (spec.draft_tokens[2, 1] + 1) % V
+        spec.draft_tokens[row, 1] = (spec.draft_tokens[row, 1] + 1) % V
 
-    why, cached = _first_step(spec, 8, base3, w1, w2, wrong)
-    assert why.startswith("row 2 step 1: token") and cached
+    why, cached = _first_step(spec, rows, base3, w1, w2, wrong)
+    assert why.startswith(f"row {row} step 1: token") and cached
 
 
 @pytest.mark.parametrize("rows", [8, 64])

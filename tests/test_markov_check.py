@@ -147,6 +147,19 @@ def test_an_argmax_token_must_hold_the_maximum():
     )
 
 
+@pytest.mark.parametrize("rows,tile,least", [(1, 16, 1), (64, 16, 16), (65, 16, 4), (256, 16, 3),
+                                             (2016, 32, 1)])  # fmt: skip
+def test_compared_rows_reach_every_row_tile(rows, tile, least):
+    """Every row up to CHECK_ROWS, else that many spread evenly: the first and the last rows
+    among them, and ``least`` in each row tile (a batch above 64 rows runs tiles of 32 and up;
+    the README claims one in each up to 2016 rows)."""
+    got = C._rows(rows)
+    assert got == sorted(set(got)) and len(got) == min(rows, C.CHECK_ROWS)
+    assert got[0] == 0 and got[-1] == rows - 1
+    for t in range(0, rows, tile):
+        assert sum(t <= r < t + tile for r in got) >= min(rows - t, least)
+
+
 def test_the_real_kernels_pass_and_serve_without_the_loop():
     for greedy in (False, True):
         spec, hidden = R.make_case(vocab=700, rows=5, n_spec=3, greedy=greedy, seed=81)
@@ -175,8 +188,27 @@ def _raise_a_logit(spec):
     spec.draft_logits[int(spec.sample_idx_mapping[1]), 1, 3] = 1e4  # row 0, step 1
 
 
+def _raise_last_row(spec):
+    spec.draft_logits[int(spec.sample_idx_mapping[69 * 3 + 2]), 2, 5] = 1e4  # row 69, step 2
+
+
 def _lose_cache_stores(spec):
     spec.draft_logits[int(spec.sample_idx_mapping[0]), 0] = float("nan")  # row 0, step 0
+
+
+def test_a_wrong_row_past_the_first_tiles_fails(monkeypatch):
+    """A batch of 70 rows (more than CHECK_ROWS): its last row, in a row tile of its own, is
+    compared too, and a wrong cached logit there turns the fused path off."""
+
+    def launch(spec, *args, **kwargs):
+        REAL_LAUNCH(spec, *args, **kwargs)
+        _raise_last_row(spec)
+
+    monkeypatch.setattr(F, "_launch", launch)
+    spec, hidden = R.make_case(vocab=300, rows=70, n_spec=3, temps=(1.0,), inert=0.0, seed=86)
+    took, ref, out = R.run_both(spec, 70, hidden, F.sample_sequential, fused_only=False)
+    assert took and torch.equal(ref["cache"], out["cache"])
+    assert "row 69 step 2: a cached logit differs beyond a bias's last bit" in F._check_failed
 
 
 @pytest.mark.parametrize(

@@ -2,27 +2,33 @@
 graph capture also run vLLM's loop, and the fused launches serve from then on only when their
 output was vLLM's within the issue's rule.
 
-No gfx942 GPU has run the Triton kernels. One that compiles and launches but computes wrongly
-there (a compiler's or a Triton release's semantics that neither the interpreter nor the H200 can
-show) would propose other drafts, or cache draft logits other than the ones it sampled from,
-which the rejection sampler trusts. ``fused_markov.sample_sequential`` therefore runs
-:func:`first_step`: the fused launches, then vLLM's loop over the same inputs (whose output the
-step keeps), then :func:`compare` on the first ``CHECK_ROWS`` rows. A difference keeps the fused
-path off in the process. The rule, for each row and step whose earlier tokens agree: a cached value
-may differ from vLLM's within ``TOL`` of its and its base logit's magnitudes (a bias's last bf16 bit
-fits in it; looser where the base logit dominates), in at most ``MAX_DIFFER`` of the compared
-values; a sampled token may differ only where the cached value of one of the two tokens does; an
-argmax token (a greedy draft, temperature 0, an inert row) must hold vLLM's maximum logit within
-``TOL``. H200, 129280 tokens, 5 steps: 24-35 ms a comparison of sampled drafts (8 and 256 rows), 2.8
-ms of greedy ones (256 rows), against 0.5-1.0 ms for the fused launches alone (eager).
+No gfx942 GPU has run the Triton kernels. One that compiles and launches but computes wrongly there
+(a compiler's or a Triton release's semantics that neither the interpreter nor the H200 can show)
+would propose other drafts, or cache draft logits other than the ones it sampled from, which the
+rejection sampler trusts. ``fused_markov.sample_sequential`` therefore runs :func:`first_step`: the
+fused launches, then vLLM's loop over the same inputs (whose output the step keeps), then
+:func:`compare` on up to ``CHECK_ROWS`` rows spread over the batch (every row tile of the launch has
+some). A difference keeps the fused path off in the process. The rule, for each row and step whose
+earlier tokens agree: a cached value may differ from vLLM's within ``TOL`` of its and its base
+logit's magnitudes (a bias's last bf16 bit fits in it; looser where the base logit dominates), in at
+most ``MAX_DIFFER`` of the compared values; a sampled token may differ only where the cached value
+of one of the two tokens does; an argmax token (a greedy draft, temperature 0, an inert row) must
+hold vLLM's maximum logit within ``TOL``. Cost not yet measured for this GPU-side comparison of
+up to 64 rows (H200, 129280 tokens, 5 steps, the earlier one of 8 rows on the host: 24-35 ms
+sampled, 2.8 ms greedy, against 0.5-1.0 ms for the fused launches alone, eager).
 """
 
 from __future__ import annotations
 
 import torch
 
-# Rows compared (their cached logits are copied: 2.6 MB a row at 5 steps of 129280 tokens).
-CHECK_ROWS = 8
+# Rows compared: all of a batch up to this many, else this many spread over it, so every row tile
+# of every launch configuration (32 to 128 rows) has rows compared in batches up to 2016 rows.
+# Their cached logits are copied once: 2.6 MB a row at 5 steps of 129280 tokens.
+CHECK_ROWS = 64
+# Rows judged at a time (the comparison's fp32 temporaries: about 80 MB a group at 5 steps of
+# 129280 tokens).
+GROUP = 4
 # The share of compared cached values that may differ (the issue's bound; measured 0-2e-4).
 MAX_DIFFER = 1e-3
 # |vLLM's - fused| <= TOL * (|logit| + |base logit|): a bias's last bf16 bit (at most 2**-7 of
@@ -35,44 +41,70 @@ def _equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a.view(torch.int16) == b.view(torch.int16)) | (a.isnan() & b.isnan())
 
 
-def compare(tokens, cached, live, hot, base, logits_fn) -> str | None:
-    """None when the fused output is vLLM's within the rule, else what differs.
+def _rows(num_reqs: int) -> list[int]:
+    """The compared rows: every row up to CHECK_ROWS, else CHECK_ROWS spread evenly, the first
+    and the last among them."""
+    if num_reqs <= CHECK_ROWS:
+        return list(range(num_reqs))
+    return [r * (num_reqs - 1) // (CHECK_ROWS - 1) for r in range(CHECK_ROWS)]
+
+
+def compare(tokens, cached, live, hot, base, logits_fn, row_ids=None) -> str | None:
+    """None when the fused output is vLLM's within the rule, else what differs (the first entry
+    in row-major order that breaks it).
 
     ``tokens`` and ``cached``: (vLLM's, fused) pairs of the rows' draft tokens [R, S] and cached
     logits [R, S, V] bf16 (None without a cache); ``live`` [R, S]: the entry has a cached row;
     ``hot``: it was sampled with noise (else an argmax); ``base`` [R, S, V]: the base logits;
     ``logits_fn(r, i)``: vLLM's logits [V] of row r at step i (fp32), asked only for an argmax
-    token that differs."""
-    (t_ref, t_out), (rows, steps) = tokens, tokens[0].shape
-    compared = differ = 0
-    for r in range(rows):
-        for i in range(steps):
-            a, b = int(t_ref[r, i]), int(t_out[r, i])
-            if not 0 <= b < base.shape[-1]:
-                return f"row {r} step {i}: token {b} outside the vocabulary"
-            eq = None
-            if bool(live[r, i]):
-                c_ref, c_out = cached[0][r, i], cached[1][r, i]
-                eq = _equal(c_ref, c_out)
-                bad = ~eq
-                compared += eq.numel()
-                differ += int(bad.sum())
-                x, y, z = c_ref[bad].float(), c_out[bad].float(), base[r, i][bad].float()
-                near = (x - y).abs() <= TOL * (x.abs() + z.abs())
-                if not bool((near & x.isfinite() & y.isfinite()).all()):
-                    return f"row {r} step {i}: a cached logit differs beyond a bias's last bit"
-            if a == b:
-                continue
-            if bool(hot[r, i]):
-                if bool(eq[a]) and bool(eq[b]):
-                    return f"row {r} step {i}: token {b}, not {a}, with their logits vLLM's"
-            else:
-                logits = logits_fn(r, i)
-                top = logits.max()
-                slack = TOL * (top.abs() + base[r, i, b].float().abs())
-                if not (top.isnan() or bool(logits[b] >= top - slack)):
-                    return f"row {r} step {i}: argmax token {b}, not {a}"
-            break  # later steps of this row start from another token
+    token that differs; ``row_ids``: the batch row of each of the R rows, for the message. The
+    tensors may live on the GPU: the rule is evaluated a GROUP of rows at a time, one host read
+    a group, and one for the counts."""
+    (t_ref, t_out), rows, vocab = tokens, tokens[0].shape[0], base.shape[-1]
+    row_ids = list(range(rows)) if row_ids is None else row_ids
+    # An entry is judged while its row's earlier tokens are vLLM's (a row that took another token
+    # goes on from other logits).
+    same = (t_ref == t_out).long().cumprod(1)
+    judged = torch.ones_like(live)
+    judged[:, 1:] = same[:, :-1].bool()
+    outside = judged & ((t_out < 0) | (t_out >= vocab))
+    token_differs = judged & ~outside & (t_ref != t_out)
+    compared = (judged & live).sum() * vocab if cached is not None else 0
+    differ = 0
+    for r0 in range(0, rows, GROUP):
+        g = slice(r0, r0 + GROUP)
+        far = torch.zeros_like(live[g])  # a cached value beyond a bias's last bit
+        both_cached = torch.zeros_like(live[g])  # a sampled token differs, with both cached alike
+        if cached is not None:
+            judge = judged[g] & live[g]
+            eq = _equal(cached[0][g], cached[1][g])
+            bad = ~eq & judge[..., None]
+            x, y, z = cached[0][g].float(), cached[1][g].float(), base[g].float()
+            near = ((x - y).abs() <= TOL * (x.abs() + z.abs())) & x.isfinite() & y.isfinite()
+            far = (bad & ~near).any(-1)
+            a = t_ref[g].long().clamp(0, vocab - 1)[..., None]
+            b = t_out[g].long().clamp(0, vocab - 1)[..., None]
+            alike = (eq.gather(-1, a) & eq.gather(-1, b))[..., 0]
+            both_cached = token_differs[g] & hot[g] & alike
+            differ = differ + bad.sum()
+        argmax_differs = token_differs[g] & ~hot[g]
+        flags = torch.stack([outside[g], far, both_cached, argmax_differs], -1).cpu()
+        for r, i in flags.any(-1).nonzero().tolist():
+            at = f"row {row_ids[r0 + r]} step {i}"
+            o, f, c, m = flags[r, i].tolist()
+            if o:
+                return f"{at}: token {int(t_out[r0 + r, i])} outside the vocabulary"
+            if f:
+                return f"{at}: a cached logit differs beyond a bias's last bit"
+            a, b = int(t_ref[r0 + r, i]), int(t_out[r0 + r, i])
+            if c:
+                return f"{at}: token {b}, not {a}, with their logits vLLM's"
+            logits = logits_fn(r0 + r, i)
+            top = logits.max()
+            slack = TOL * (top.abs() + base[r0 + r, i, b].float().abs())
+            if not (top.isnan() or bool(logits[b] >= top - slack)):
+                return f"{at}: argmax token {b}, not {a}"
+    differ, compared = int(differ), int(compared)
     if differ > MAX_DIFFER * max(compared, 1):
         return f"{differ} of {compared} cached logits differ"
     return None
@@ -85,8 +117,9 @@ def first_step(spec, num_reqs: int, base: torch.Tensor, loop, fused) -> tuple[st
     way. Returns None when :func:`compare` accepts the fused output, else why; and whether any
     compared row was live (vLLM's warm-up rows are all inert)."""
     n_spec, vocab = base.shape[1], base.shape[2]
-    rows = min(num_reqs, CHECK_ROWS)
-    idx = spec.sample_idx_mapping[: num_reqs * n_spec].view(num_reqs, n_spec)[:rows].long()
+    row_ids = _rows(num_reqs)
+    sel = torch.tensor(row_ids, device=base.device)
+    idx = spec.sample_idx_mapping[: num_reqs * n_spec].view(num_reqs, n_spec)[sel].long()
     req = idx.clamp(min=0)
     steps = torch.arange(n_spec, device=idx.device).expand_as(req)
     cache = spec.draft_logits
@@ -94,10 +127,10 @@ def first_step(spec, num_reqs: int, base: torch.Tensor, loop, fused) -> tuple[st
     live = requested if cache is not None else torch.zeros_like(requested)
 
     def state():
-        tokens = spec.draft_tokens[:rows, :n_spec].clone()
-        return tokens, None if cache is None else cache[req, steps, :vocab]  # a copy
+        tokens = spec.draft_tokens[sel, :n_spec]  # a copy, as the cache's below
+        return tokens, None if cache is None else cache[req, steps, :vocab]
 
-    spec.draft_tokens[:rows, :n_spec] = -1
+    spec.draft_tokens[sel, :n_spec] = -1
     if cache is not None:
         cache[req[live], steps[live], :vocab] = float("nan")
     fused()
@@ -106,18 +139,20 @@ def first_step(spec, num_reqs: int, base: torch.Tensor, loop, fused) -> tuple[st
     tokens_ref, cached_ref = state()
     hot = live & (spec.temperature[req] != 0)
     model = spec.model
-    first = spec.input_buffers.input_ids[spec._anchor_idx[:rows]]
+    first = spec.input_buffers.input_ids[spec._anchor_idx[sel]]
+    base = base[sel]
 
     def logits_fn(r: int, i: int) -> torch.Tensor:
         prev = first[r : r + 1] if i == 0 else tokens_ref[r : r + 1, i - 1]
         return (base[r : r + 1, i] + model.markov_bias(model.markov_embed(prev)))[0].float()
 
     why = compare(
-        (tokens_ref.cpu(), tokens_out.cpu()),
-        None if cache is None else (cached_ref.cpu(), cached_out.cpu()),
-        live.cpu(),
-        hot.cpu(),
-        base[:rows].cpu(),
-        lambda r, i: logits_fn(r, i).cpu(),
+        (tokens_ref, tokens_out),
+        None if cache is None else (cached_ref, cached_out),
+        live,
+        hot,
+        base,
+        logits_fn,
+        row_ids,
     )
     return why, bool(requested.any())
