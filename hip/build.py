@@ -225,10 +225,19 @@ def build(arch: str, out_dir: Path, require: bool = False) -> dict[str, dict]:
 
 
 def _git_commit() -> str:
+    """The source checkout's commit, "-dirty" with uncommitted changes to its tracked files;
+    "unknown" outside a checkout of this project (an unpacked sdist, even one inside another
+    repository, whose commit would be that repository's)."""
+    root = HIP_DIR.parent
+    git = ["git", "-C", str(root)]
     try:
-        return _run(["git", "-C", str(HIP_DIR.parent), "rev-parse", "--short=12", "HEAD"]).strip()
+        if Path(_run([*git, "rev-parse", "--show-toplevel"]).strip()).resolve() != root.resolve():
+            return "unknown"
+        commit = _run([*git, "rev-parse", "--short=12", "HEAD"]).strip()
+        dirty = _run([*git, "status", "--porcelain", "--untracked-files=no"]).strip()
     except (BuildError, OSError):
         return "unknown"
+    return commit + ("-dirty" if dirty else "")
 
 
 def build_package(package_dir: Path, require: bool | None = None) -> dict:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from dsv41_gfx942_plugin import envs
 
 ROOT = Path(__file__).resolve().parents[1]
-REQUIRED = os.environ.get("DSV41_GFX942_REQUIRE_HIP", "") == "1"
+REQUIRED = envs.get_bool("DSV41_GFX942_REQUIRE_HIP")  # as the build reads it
 KERNEL = 'extern "C" __global__ void addone(float* x, int n) { if (threadIdx.x < n) x[threadIdx.x] += 1.f; }\n'  # noqa: E501
 
 
@@ -120,3 +121,36 @@ def test_installed_wheel_carries_its_build_info():
     if REQUIRED and list((ROOT / "hip").glob("*.hip")):
         assert info["archs"] == ["gfx942"]
         assert any(n.endswith(".gfx942.co") for n in info["code_objects"])
+
+
+def _git(cwd: Path, *args: str) -> str:
+    who = {
+        f"GIT_{r}_{f}": v
+        for r in ("AUTHOR", "COMMITTER")
+        for f, v in (("NAME", "t"), ("EMAIL", "t@t"))
+    }
+    env = {**os.environ, **who}
+    return subprocess.run(["git", "-C", str(cwd), *args], check=True, capture_output=True,
+                          text=True, env=env).stdout.strip()  # fmt: skip
+
+
+def test_recorded_commit_is_this_checkouts(tmp_path, monkeypatch, hip_build):
+    """The build records its own checkout's commit, marked dirty by a changed tracked file, and
+    "unknown" for a source tree inside another repository (an sdist unpacked in a CI workspace)."""
+    outer = tmp_path / "outer"
+    (outer / "pkg" / "hip").mkdir(parents=True)
+    (outer / "pkg" / "hip" / "k.hip").write_text("// one\n")
+    _git(outer, "init", "-q")
+    _git(outer, "add", ".")
+    _git(outer, "commit", "-qm", "outer")
+    monkeypatch.setattr(hip_build, "HIP_DIR", outer / "pkg" / "hip")
+    assert hip_build._git_commit() == "unknown"
+    monkeypatch.setattr(hip_build, "HIP_DIR", outer / "hip")
+    (outer / "hip").mkdir()
+    head = _git(outer, "rev-parse", "--short=12", "HEAD")
+    assert hip_build._git_commit() == head
+    (outer / "pkg" / "hip" / "k.hip").write_text("// two\n")
+    assert hip_build._git_commit() == head + "-dirty"
+    monkeypatch.setattr(hip_build, "HIP_DIR", tmp_path / "none" / "hip")
+    (tmp_path / "none" / "hip").mkdir(parents=True)
+    assert hip_build._git_commit() == "unknown"

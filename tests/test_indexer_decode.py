@@ -461,13 +461,24 @@ def test_fill_skipped_only_when_every_entry_is_written(vllm_env, monkeypatch, pa
     assert (buf[n_dec + padded_graph :] == 7777).all()
 
 
+def test_fill_kept_for_a_buffer_wider_than_topk(vllm_env, monkeypatch):
+    """The top-k writes topk_tokens columns a row; a buffer wider than that keeps vLLM's -1 fill
+    past them (DSv4.1's is 512 wide, as its topk_tokens)."""
+    seq, decode_lens, padded, n_dec, q = make_step("mtp_2d")
+    layer = make_layer(vllm_env, "plain", n_dec)
+    layer.topk_indices_buffer = torch.full((n_dec + 4, 520), 7777, dtype=torch.int32)
+    install_hooks(monkeypatch, vllm_env, take=True)
+    run(vllm_env, layer, metadata(seq, decode_lens, padded, n_dec), q, n_dec)
+    assert (layer.topk_indices_buffer[:n_dec, 512:] == -1).all()
+
+
 def test_padded_rows_are_never_fill_skipped(vllm_env, monkeypatch):
     seq, decode_lens, padded, n_dec, q = make_step("padded")
     assert topk.skip_decode_fill(False, n_dec, n_dec, metadata(seq, decode_lens, padded,
                                                                n_dec).decode) is False  # fmt: skip
 
 
-@pytest.mark.parametrize("why", ["prefill", "profile", "own_k", "aiter_off"])
+@pytest.mark.parametrize("why", ["prefill", "profile", "own_k"])
 def test_other_steps_run_vllms_op(vllm_env, monkeypatch, why):
     seq, decode_lens, padded, n_dec, q = make_step("mtp_2d")
     layer = make_layer(vllm_env, "plain", n_dec)
@@ -482,17 +493,29 @@ def test_other_steps_run_vllms_op(vllm_env, monkeypatch, why):
         layer.skip_k_cache_insert = False
     if why == "profile":
         meta = None
-    if why == "aiter_off":
-        monkeypatch.setattr(indexer, "_aiter_enabled", lambda: False)
     run(vllm_env, layer, meta, q, n_dec)
     assert ops == [layer.k_cache.prefix]
     assert not any(c.startswith("hook:") for c in vllm_env.calls)
     reasons = counters.stats()["indexer_decode"]["reasons"]
     want = {"prefill": "prefill or mixed step",
             "profile": "no indexer metadata (profile or dummy run)",
-            "own_k": "layer writes its own K cache",
-            "aiter_off": "AITER is off (VLLM_ROCM_USE_AITER=0)"}[why]  # fmt: skip
+            "own_k": "layer writes its own K cache"}[why]  # fmt: skip
     assert list(reasons) == [want]
+
+
+def test_aiter_off_keeps_vllms_dispatch(vllm_env, monkeypatch):
+    """With AITER off the layer runs vLLM's own forward_hip (which on gfx942 refuses to run), not
+    vLLM's Python op behind it: the plugin serves no configuration vLLM would not."""
+    seq, decode_lens, padded, n_dec, q = make_step("mtp_2d")
+    layer = make_layer(vllm_env, "plain", n_dec)
+    install_hooks(monkeypatch, vllm_env, take=True)
+    parent = type(layer).__mro__[1]
+    seen = []
+    monkeypatch.setattr(parent, "forward_hip", lambda self, *a: seen.append(self) or "vllm's")
+    monkeypatch.setattr(indexer, "_aiter_enabled", lambda: False)
+    assert run(vllm_env, layer, metadata(seq, decode_lens, padded, n_dec), q, n_dec) == "vllm's"
+    assert seen == [layer] and "indexer_decode" not in counters.stats()
+    assert not any(c.startswith("hook:") for c in vllm_env.calls)
 
 
 def test_full_graph_choices_do_not_depend_on_lengths(vllm_env, monkeypatch):

@@ -111,6 +111,12 @@ def test_hook_family_switches(clean_plugin, fake_platform, monkeypatch, plugin_l
     assert _ACTIVE_INDEXER_ONLY in _infos(plugin_log)  # the switched-off patch is not named
 
 
+def test_status_names_the_global_switch(monkeypatch):
+    """With DSV41_GFX942_DISABLE every patch is off by it, not by the unset family switches."""
+    monkeypatch.setenv("DSV41_GFX942_DISABLE", "1")
+    assert set(patches.check_all().values()) == {"turned off by DSV41_GFX942_DISABLE"}
+
+
 def test_changed_signature_is_skipped_with_warning(clean_plugin, fake_platform, monkeypatch,
                                                    plugin_log, targets):  # fmt: skip
     from vllm.v1.worker.gpu.spec_decode.dspark.speculator import DSparkSpeculator

@@ -7,8 +7,11 @@ FP8 indexer layers (and no other model's) are built from a subclass of vLLM's
 at every step, so it chooses per step between
 
 * vLLM's op, unchanged: the profile run, prefill and mixed steps, a layer that writes its own
-  K cache, a non-FP8/non-AITER configuration; and
+  K cache; and
 * :func:`decode_step`, vLLM's decode branch with the plugin's hooks in front of vLLM's ops.
+
+A layer with an MXFP4 cache, or with AITER off, never reaches it: ``forward_hip`` hands it to
+vLLM's own ``forward_hip``, whose dispatch decides (without AITER on gfx942, it raises).
 
 Under FULL CUDA graphs the step is captured inline instead, and every host-side choice holds for
 every replay of that graph: the choices below depend only on shapes, dtypes, the layer's
@@ -21,6 +24,7 @@ from __future__ import annotations
 import atexit
 
 import torch
+from vllm._aiter_ops import rocm_aiter_ops
 from vllm.compilation.breakable_cudagraph import eager_break_during_capture
 from vllm.config import CUDAGraphMode
 from vllm.forward_context import get_forward_context
@@ -63,7 +67,8 @@ def make_indexer_cls(original: type) -> type:
             )
 
         def forward_hip(self, hidden_states, q_quant, k, weights):
-            if self.use_fp4_cache or not isinstance(q_quant, torch.Tensor):
+            # Without AITER vLLM's own dispatch decides (on gfx942 it refuses to run).
+            if self.use_fp4_cache or not isinstance(q_quant, torch.Tensor) or not _aiter_enabled():
                 return super().forward_hip(hidden_states, q_quant, k, weights)
             return indexer_step(self, hidden_states, q_quant, k, weights)
 
@@ -73,8 +78,7 @@ def make_indexer_cls(original: type) -> type:
 
 
 def _aiter_enabled() -> bool:
-    from vllm._aiter_ops import rocm_aiter_ops
-
+    """vLLM's own test, as its ``forward_hip`` makes it (traceable: a class attribute)."""
     return rocm_aiter_ops.is_enabled()
 
 
@@ -88,8 +92,6 @@ def _why_vllm(layer, meta) -> str | None:
         return "no decode rows"
     if not layer.skip_k_cache_insert:
         return "layer writes its own K cache"
-    if not _aiter_enabled():
-        return "AITER is off (VLLM_ROCM_USE_AITER=0)"
     return None
 
 
@@ -168,7 +170,9 @@ def decode_step(layer, meta, num_tokens: int, q_fp8, weights) -> torch.Tensor:
     buf = layer.topk_indices_buffer
     n_dec = meta.num_decode_tokens
     on = layer.dsv41_topk
-    if not (on and topk.skip_decode_fill(False, n_dec, num_tokens, decode)):
+    # The top-k writes topk_tokens columns a row: a wider buffer keeps vLLM's fill.
+    whole_rows = buf.shape[1] == layer.topk_tokens
+    if not (on and whole_rows and topk.skip_decode_fill(False, n_dec, num_tokens, decode)):
         buf[:num_tokens] = -1
 
     kv_cache = layer.k_cache.kv_cache.unsqueeze(-2)  # [pages, page_size, 1, dim + 4]

@@ -146,6 +146,8 @@ def wanted(families: tuple[str, ...]) -> str | None:
     """Why a patch for ``families`` is off by the env switches, or None if it is wanted."""
     if any(envs.enabled(f) for f in families):
         return None
+    if envs.disabled():
+        return "turned off by DSV41_GFX942_DISABLE"
     return "turned off by " + " and ".join(f"{envs.FAMILIES[f]}=0" for f in families)
 
 
