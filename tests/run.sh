@@ -5,7 +5,8 @@
 #     (Debian's clang-19 + HIP headers + device libraries: hip/build.py builds with them);
 #  2. a virtual environment with vLLM 0.33.0 (~9 GB, ~5 min the first time), cached under
 #     ~/.cache so a later run on the same machine reuses it (checked, never trusted blindly);
-#  3. the plugin itself, built as a wheel and installed (so the tests see the shipped code object);
+#  3. the plugin itself, built as a wheel into dist/ and installed from it (so the tests see the
+#     shipped code object, and the wheel tested is the one left to publish);
 #  4. ruff (lint + format check), then pytest (15 minutes a test at most). GPU-only and
 #     gfx942-only tests skip on a CPU.
 # DSV41_GFX942_REQUIRE_HIP=1 makes a missing HIP compiler a build error (CI sets it).
@@ -32,8 +33,10 @@ if ! { [ -x "$PY" ] && "$PY" -c "import importlib.metadata as m; assert m.versio
 fi
 "$PY" -m pip install -q "pytest>=8" "pytest-timeout>=2.3" "ruff>=0.6"
 
-echo "== building and installing the plugin wheel"
-"$PY" -m pip install -q --no-deps --force-reinstall .
+echo "== building and installing the plugin wheel (left in dist/, the wheel a CI publishes)"
+rm -f dist/dsv41_gfx942_plugin-*.whl
+"$PY" -m pip wheel -q --no-deps -w dist .
+"$PY" -m pip install -q --no-deps --force-reinstall dist/dsv41_gfx942_plugin-*.whl
 
 echo "== ruff"
 "$VENV/bin/ruff" check .
