@@ -474,8 +474,8 @@ def test_fill_kept_for_a_buffer_wider_than_topk(vllm_env, monkeypatch):
 
 def test_padded_rows_are_never_fill_skipped(vllm_env, monkeypatch):
     seq, decode_lens, padded, n_dec, q = make_step("padded")
-    assert topk.skip_decode_fill(False, n_dec, n_dec, metadata(seq, decode_lens, padded,
-                                                               n_dec).decode) is False  # fmt: skip
+    decode = metadata(seq, decode_lens, padded, n_dec).decode
+    assert topk.skip_decode_fill(False, n_dec, n_dec, decode, 512, 512) is False
 
 
 @pytest.mark.parametrize("why", ["prefill", "profile", "own_k"])

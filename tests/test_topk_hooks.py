@@ -283,13 +283,14 @@ class Decode:
 
 def test_skip_decode_fill(monkeypatch):
     monkeypatch.setattr(topk, "build", lambda: True)
-    assert topk.skip_decode_fill(False, 6, 6, Decode(False))
-    assert not topk.skip_decode_fill(True, 6, 6, Decode(False))
-    assert not topk.skip_decode_fill(False, 6, 8, Decode(False))  # graph padding rows
-    assert not topk.skip_decode_fill(False, 6, 6, Decode(True))
-    assert not topk.skip_decode_fill(False, 6, 6, None)
+    assert topk.skip_decode_fill(False, 6, 6, Decode(False), 512, 512)
+    assert not topk.skip_decode_fill(True, 6, 6, Decode(False), 512, 512)
+    assert not topk.skip_decode_fill(False, 6, 8, Decode(False), 512, 512)  # graph padding rows
+    assert not topk.skip_decode_fill(False, 6, 6, Decode(True), 512, 512)
+    assert not topk.skip_decode_fill(False, 6, 6, None, 512, 512)
+    assert not topk.skip_decode_fill(False, 6, 6, Decode(False), 520, 512)  # columns past top-k
     monkeypatch.setattr(topk, "build", lambda: False)
-    assert not topk.skip_decode_fill(False, 6, 6, Decode(False))
+    assert not topk.skip_decode_fill(False, 6, 6, Decode(False), 512, 512)
 
 
 def test_build_failure_warns_once_and_hooks_refuse(monkeypatch, plugin_log):
@@ -308,7 +309,7 @@ def test_build_failure_warns_once_and_hooks_refuse(monkeypatch, plugin_log):
     assert len(warnings) == 1 and "topk512.gfx942.co is missing" in warnings[0].getMessage()
     logits, next_n, seq, idx = decode_inputs(width=1024)
     assert topk.decode_top_k(logits, next_n, seq, idx, 512) is False
-    assert not topk.skip_decode_fill(False, 6, 6, Decode(False))
+    assert not topk.skip_decode_fill(False, 6, 6, Decode(False), 512, 512)
     assert bool((idx == 7).all())
 
 

@@ -170,9 +170,8 @@ def decode_step(layer, meta, num_tokens: int, q_fp8, weights) -> torch.Tensor:
     buf = layer.topk_indices_buffer
     n_dec = meta.num_decode_tokens
     on = layer.dsv41_topk
-    # The top-k writes topk_tokens columns a row: a wider buffer keeps vLLM's fill.
-    whole_rows = buf.shape[1] == layer.topk_tokens
-    if not (on and whole_rows and topk.skip_decode_fill(False, n_dec, num_tokens, decode)):
+    if not (on and topk.skip_decode_fill(False, n_dec, num_tokens, decode, buf.shape[1],
+                                         layer.topk_tokens)):  # fmt: skip
         buf[:num_tokens] = -1
 
     kv_cache = layer.k_cache.kv_cache.unsqueeze(-2)  # [pages, page_size, 1, dim + 4]

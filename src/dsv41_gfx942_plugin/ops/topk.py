@@ -459,14 +459,16 @@ def select_candidates(logits, next_n, seq_lens, block_size, candidates) -> bool:
     )
 
 
-def skip_decode_fill(has_prefill, num_decode_tokens, num_tokens, decode) -> bool:
+def skip_decode_fill(has_prefill, num_decode_tokens, num_tokens, decode, columns, topk_tokens):
     """Whether the indexer decode path may skip vLLM's ``topk_indices_buffer[:num_tokens] = -1``:
     only when the kernels are loaded, the step has no prefill, its decode rows are not padded,
-    and they are all ``num_tokens`` rows (``hidden_states.shape[0]``, graph padding included).
-    The decode top-k then writes every entry of every row (this module's kernels and vLLM's
+    they are all ``num_tokens`` rows (``hidden_states.shape[0]``, graph padding included), and
+    the buffer's ``columns`` are the ``topk_tokens`` a row the top-k writes. The decode top-k
+    then writes every entry of every row (this module's kernels and vLLM's
     ``top_k_per_row_decode`` both write -1 past a short row's end)."""
     return (
         not has_prefill
+        and columns == topk_tokens
         and decode is not None
         and not getattr(decode, "requires_padding", True)
         and num_decode_tokens == num_tokens
