@@ -1,7 +1,8 @@
 """Wheel build: the usual setuptools build plus the ahead-of-time HIP step (hip/build.py).
 
 The metadata lives in pyproject.toml; this file only adds the step that compiles the gfx942
-code object into the package and writes ``_build_info.py`` beside it.
+code object into the package and writes ``_build_info.py`` beside it, and records the commit
+in an sdist.
 """
 
 import importlib.util
@@ -9,6 +10,7 @@ from pathlib import Path
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
+from setuptools.command.sdist import sdist
 
 ROOT = Path(__file__).resolve().parent
 
@@ -29,4 +31,14 @@ class BuildPyWithHip(build_py):
         _hip_build().build_package(package_dir)
 
 
-setup(cmdclass={"build_py": BuildPyWithHip})
+class SdistWithCommit(sdist):
+    """sdist, recording the checkout's commit in ``hip/COMMIT``, so that a wheel built from the
+    sdist (outside this checkout) records it too."""
+
+    def make_release_tree(self, base_dir, files):
+        super().make_release_tree(base_dir, files)
+        hip = _hip_build()
+        (Path(base_dir) / "hip" / hip.SDIST_COMMIT).write_text(hip._git_commit() + "\n")
+
+
+setup(cmdclass={"build_py": BuildPyWithHip, "sdist": SdistWithCommit})

@@ -224,20 +224,31 @@ def build(arch: str, out_dir: Path, require: bool = False) -> dict[str, dict]:
     return built
 
 
+# Written into an sdist's hip/ by setup.py's sdist command: the commit the sdist was made from.
+SDIST_COMMIT = "COMMIT"
+
+
 def _git_commit() -> str:
     """The source checkout's commit, "-dirty" with uncommitted changes to its tracked files;
-    "unknown" outside a checkout of this project (an unpacked sdist, even one inside another
-    repository, whose commit would be that repository's)."""
+    outside a checkout of this project (an unpacked sdist, even one inside another repository,
+    whose commit would be that repository's) the commit its sdist recorded (``SDIST_COMMIT``),
+    else "unknown"."""
     root = HIP_DIR.parent
     git = ["git", "-C", str(root)]
     try:
         if Path(_run([*git, "rev-parse", "--show-toplevel"]).strip()).resolve() != root.resolve():
-            return "unknown"
+            return _sdist_commit()
         commit = _run([*git, "rev-parse", "--short=12", "HEAD"]).strip()
         dirty = _run([*git, "status", "--porcelain", "--untracked-files=no"]).strip()
     except (BuildError, OSError):
-        return "unknown"
+        return _sdist_commit()
     return commit + ("-dirty" if dirty else "")
+
+
+def _sdist_commit() -> str:
+    recorded = HIP_DIR / SDIST_COMMIT
+    commit = recorded.read_text().strip() if recorded.is_file() else ""
+    return commit or "unknown"
 
 
 def build_package(package_dir: Path, require: bool | None = None) -> dict:

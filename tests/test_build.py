@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import subprocess
+import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -136,7 +138,8 @@ def _git(cwd: Path, *args: str) -> str:
 
 def test_recorded_commit_is_this_checkouts(tmp_path, monkeypatch, hip_build):
     """The build records its own checkout's commit, marked dirty by a changed tracked file, and
-    "unknown" for a source tree inside another repository (an sdist unpacked in a CI workspace)."""
+    for a source tree inside another repository or none (an sdist unpacked in a CI workspace)
+    the commit the sdist recorded, else "unknown"."""
     outer = tmp_path / "outer"
     (outer / "pkg" / "hip").mkdir(parents=True)
     (outer / "pkg" / "hip" / "k.hip").write_text("// one\n")
@@ -154,3 +157,22 @@ def test_recorded_commit_is_this_checkouts(tmp_path, monkeypatch, hip_build):
     monkeypatch.setattr(hip_build, "HIP_DIR", tmp_path / "none" / "hip")
     (tmp_path / "none" / "hip").mkdir(parents=True)
     assert hip_build._git_commit() == "unknown"
+    # An unpacked sdist records the commit its sdist command wrote, inside a repository or not.
+    for hip in (outer / "pkg" / "hip", tmp_path / "none" / "hip"):
+        (hip / hip_build.SDIST_COMMIT).write_text("0123456789ab\n")
+        monkeypatch.setattr(hip_build, "HIP_DIR", hip)
+        assert hip_build._git_commit() == "0123456789ab"
+
+
+def test_sdist_records_the_commit(tmp_path, hip_build):
+    """An sdist of this checkout carries its commit (``hip/COMMIT``, as ``_git_commit`` gives it
+    here), which a wheel built from that sdist records instead of "unknown"."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    subprocess.run([sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp_path)], cwd=ROOT,
+                   check=True, capture_output=True)  # fmt: skip
+    (sdist,) = tmp_path.glob("*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith("/hip/COMMIT"))
+        recorded = tar.extractfile(member).read().decode().strip()
+    assert recorded == hip_build._git_commit() != "unknown"
