@@ -211,6 +211,25 @@ def test_a_wrong_row_past_the_first_tiles_fails(monkeypatch):
     assert "row 69 step 2: a cached logit differs beyond a bias's last bit" in F._check_failed
 
 
+@pytest.mark.parametrize("rows", [5, 70])
+def test_base_logits_copied_only_for_a_subset(rows, monkeypatch):
+    """A batch compared whole judges the base logits in place; one of more than CHECK_ROWS rows,
+    a copy of the compared rows'."""
+    seen = []
+    real = C.compare
+
+    def compare(tokens, cached, live, hot, base, logits_fn, row_ids=None):
+        seen.append(base)
+        return real(tokens, cached, live, hot, base, logits_fn, row_ids)
+
+    monkeypatch.setattr(C, "compare", compare)
+    spec, hidden = R.make_case(vocab=300, rows=rows, n_spec=2, temps=(1.0,), inert=0.0, seed=87)
+    took, ref, out = R.run_both(spec, rows, hidden, F.sample_sequential, fused_only=False)
+    assert took and F._check_failed is None
+    (base,) = seen
+    assert base.shape[0] == min(rows, C.CHECK_ROWS) and base._is_view() == (rows <= C.CHECK_ROWS)
+
+
 @pytest.mark.parametrize(
     "spoil,why",
     [
