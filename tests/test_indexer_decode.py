@@ -588,6 +588,34 @@ def test_hook_that_raises_is_turned_off_and_vllm_runs(vllm_env, monkeypatch, plu
     assert len(errors) == 1 and "kernel bug" in errors[0].exc_text
 
 
+def test_hook_out_of_memory_declines_and_tries_again(vllm_env, monkeypatch, plugin_log):
+    """A hook that finds no GPU memory (the top-k scratch could not grow) declines that call,
+    one warning, vLLM's op serves, and the next call asks the hook again."""
+    monkeypatch.setattr(indexer, "_off", {})
+    monkeypatch.setattr(indexer, "_no_memory", set())
+    plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "plain", "mtp_2d")
+    install_hooks(monkeypatch, vllm_env, take=True)
+    take = topk.decode_top_k
+    full = [True, True, False]
+
+    def short(*args):
+        if full.pop(0):
+            args[3].fill_(123)  # a partial write before the failure
+            raise torch.OutOfMemoryError("CUDA out of memory (test)")
+        return take(*args)
+
+    monkeypatch.setattr(topk, "decode_top_k", vllm_env.spy("hook:decode_top_k", short))
+    run(vllm_env, oracle_layer, meta, q, n, plugin=False)
+    for vllms in (True, True, False):  # the hook asked every time, vLLM's op while it declines
+        vllm_env.calls.clear()
+        run(vllm_env, plugin_layer, meta, q, n)
+        assert torch.equal(plugin_layer.topk_indices_buffer, oracle_layer.topk_indices_buffer)
+        assert "hook:decode_top_k" in vllm_env.calls and ("vllm:topk" in vllm_env.calls) == vllms
+    assert "decode_top_k" not in indexer._off
+    warned = [r for r in plugin_log.records if "found no GPU memory" in r.getMessage()]
+    assert [r.levelname for r in warned] == ["WARNING"]
+
+
 def test_first_decode_step_is_logged_once(vllm_env, monkeypatch, plugin_log):
     """One INFO line with the counters once every layer has run its first decode step, then
     none; the summary is registered for exit."""

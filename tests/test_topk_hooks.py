@@ -111,7 +111,6 @@ def test_decode_unaligned_rows_take_general_path(calls, cut):
         "logits_3d",
         "lens_noncontig",
         "no_scratch",
-        "no_memory",
         "lens_none",
         "idx_none",
         "lens_other_device",
@@ -165,31 +164,9 @@ def test_decode_refuses(calls, change, monkeypatch):
         next_n = 1.0
     elif change == "no_scratch":  # during graph capture the scratch cannot grow
         monkeypatch.setattr(topk._scratch, "get", lambda device, numel: None)
-    elif change == "no_memory":
-        monkeypatch.setattr(topk._scratch, "get", _no_memory)
     assert topk.decode_top_k(logits, next_n, seq, idx, topk_tokens) is False
     assert calls == []
     assert idx is None or idx.is_meta or bool((idx == 7).all())
-
-
-def _no_memory(device, numel):
-    raise torch.OutOfMemoryError("CUDA out of memory (test)")
-
-
-def test_decode_out_of_memory_declines_and_tries_again(calls, monkeypatch, plugin_log):
-    """No memory for the scratch: the hook declines (a hook that raised would stay off for the
-    process), warns once, and takes the next call that finds memory."""
-    monkeypatch.setattr(topk, "_no_memory_logged", False)
-    logits, next_n, seq, idx = decode_inputs()
-    real = topk._scratch.get
-    monkeypatch.setattr(topk._scratch, "get", _no_memory)
-    assert not topk.decode_top_k(logits, next_n, seq, idx, 512)
-    assert not topk.decode_top_k(logits, next_n, seq, idx, 512)
-    assert calls == [] and bool((idx == 7).all())
-    warned = [r for r in plugin_log.records if "no memory for the top-k scratch" in r.getMessage()]
-    assert [r.levelname for r in warned] == ["WARNING"]
-    monkeypatch.setattr(topk._scratch, "get", real)
-    assert topk.decode_top_k(logits, next_n, seq, idx, 512) and len(calls) == 2
 
 
 def test_decode_zero_rows_is_done_without_a_launch(calls):

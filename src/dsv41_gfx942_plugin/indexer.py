@@ -135,6 +135,8 @@ def _note_step(prefix: str) -> None:
 
 # Hooks off for the rest of this process, and why.
 _off: dict[str, str] = {}
+# Hooks that ran out of GPU memory at least once (warned once each).
+_no_memory: set[str] = set()
 # Whether this process has compared the candidate logits with vLLM's dense ones (_dense_check).
 _cand_checked = False
 
@@ -142,7 +144,9 @@ _cand_checked = False
 def _hook(name: str, on: bool, call) -> bool:
     """Run a hook that may decline; count its decision. A hook that raises is logged once and
     stays off in this process: vLLM's op runs in its place (it rewrites every entry the hook
-    may have touched), so a plugin bug never takes the server down."""
+    may have touched), so a plugin bug never takes the server down. Out of GPU memory (the
+    top-k's scratch, the candidate rows), the hook declines this call only, warned once: vLLM's
+    op runs, and the next call tries the hook again."""
     if not on:
         counters.record(name, False, "switched off")
         return False
@@ -151,6 +155,13 @@ def _hook(name: str, on: bool, call) -> bool:
         return False
     try:
         taken = bool(call())
+    except torch.OutOfMemoryError:
+        counters.record(name, False, "out of memory")
+        if name not in _no_memory:
+            _no_memory.add(name)
+            logger.warning("dsv41_gfx942: hook %s found no GPU memory; vLLM's op runs in its "
+                           "place until it does", name)  # fmt: skip
+        return False
     except Exception:
         _off[name] = "raised earlier in this process"
         counters.record(name, False, "raised")

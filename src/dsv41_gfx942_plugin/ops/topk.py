@@ -331,27 +331,9 @@ def decode_top_k(logits, next_n, seq_lens, indices, topk_tokens) -> bool:
     if kernels is None:
         return False
     register = _register_path(logits)
-    try:
-        return _launch_decode(
-            kernels, logits, next_n, seq_lens, indices, register, MAX_BLOCKS, MIN_CHUNK
-        )
-    except torch.OutOfMemoryError:
-        # The scratch could not grow (it is allocated before any launch): this call takes
-        # vLLM's op, which needs none, and the next tries again; a hook that raised would stay
-        # off for the process.
-        if not _no_memory_logged:
-            _log_no_memory()
-        return False
-
-
-_no_memory_logged = False
-
-
-def _log_no_memory() -> None:
-    global _no_memory_logged
-    _no_memory_logged = True
-    logger.warning("dsv41_gfx942: no memory for the top-k scratch; vLLM's top-k runs until "
-                   "there is")  # fmt: skip
+    return _launch_decode(
+        kernels, logits, next_n, seq_lens, indices, register, MAX_BLOCKS, MIN_CHUNK
+    )
 
 
 def candidate_top_k(logits, next_n, seq_lens, candidates, block_size, indices, topk_tokens) -> bool:
