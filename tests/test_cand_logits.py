@@ -317,6 +317,10 @@ def test_candidate_logits_rejects_bad_shapes():
             cand_logits.candidate_logits(**{**ok, name: value})
     with pytest.raises(ValueError, match="stages_per_program"):
         cand_logits.candidate_logits(**ok, stages_per_program=-1)
+    # 16 heads: the gfx942 kernel's q layout does not compile (a CompilationError, not this).
+    with pytest.raises(ValueError, match="heads 16, dim 128 unsupported"):
+        cand_logits.candidate_logits(**{**ok, "q_fp8": ok["q_fp8"][:, :16], "weights":
+                                        case.weights[:, :16]})  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -655,6 +659,25 @@ def test_layout_choice_is_aiters(monkeypatch):
     assert _cand_layout.own_use_2d_instr_shape() is False
     monkeypatch.setattr(_cand_layout.gl.amd, "AMDMFMALayout", lambda **kw: kw)
     assert _cand_layout.own_use_2d_instr_shape() is True
+
+
+def test_aiter_module_taken_only_with_both_names(monkeypatch):
+    """An AITER whose logits module lacks either name the kernel takes from it (another
+    release) is not used: the plugin's own choice serves (judged at first use), not a raise."""
+    import sys
+    import types
+
+    pkgs = ["aiter", "aiter.ops", "aiter.ops.triton", "aiter.ops.triton.gluon"]
+    for name in pkgs:
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setattr(_cand_layout.importlib.util, "find_spec", lambda name: object())
+    logits = types.ModuleType("aiter.ops.triton.gluon.pa_mqa_logits")
+    monkeypatch.setitem(sys.modules, logits.__name__, logits)
+    monkeypatch.setattr(sys.modules[pkgs[-1]], "pa_mqa_logits", logits, raising=False)
+    logits._sum_combine = object()
+    assert _cand_layout._aiter_module() is None
+    logits._Use_2d_instr_shape_mfma_layout = True
+    assert _cand_layout._aiter_module() is logits
 
 
 # --------------------------------------------------------------------------------------------

@@ -61,8 +61,9 @@ def vllm_env(monkeypatch, clean_plugin):
     monkeypatch.setattr(rocm, "paged_mqa_logits_module", lambda: aiter_logits)
     monkeypatch.setattr(topk, "build", lambda: True)  # "the code object is loaded"
     # As after the process's first reader call compared the candidate logits with vLLM's
-    # (tests of that comparison set it back).
-    monkeypatch.setattr(indexer, "_cand_checked", True)
+    # (tests of that comparison set it back): one kernel variant, compared.
+    monkeypatch.setattr(indexer, "_cand_variant", lambda *args: "compared")
+    monkeypatch.setattr(indexer, "_cand_checked", {"compared"})
     monkeypatch.setattr(indexer, "_off", {})
     config = VllmConfig(device_config=DeviceConfig(device="cpu"))
     with set_current_vllm_config(config):
@@ -333,7 +334,7 @@ def test_first_candidate_logits_are_compared_with_vllms_dense_logits(vllm_env, m
     """The process's first candidate-logits call hands the hook a check against vLLM's dense
     logits of the step (one more call of vLLM's logits); equal, the hook serves, and later
     calls are not checked."""
-    monkeypatch.setattr(indexer, "_cand_checked", False)
+    monkeypatch.setattr(indexer, "_cand_checked", set())
     plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "reader", "mtp_2d")
     install_hooks(monkeypatch, vllm_env, take=True)
     run(vllm_env, oracle_layer, meta, q, n, plugin=False)
@@ -349,6 +350,32 @@ def test_first_candidate_logits_are_compared_with_vllms_dense_logits(vllm_env, m
     assert len(infos) == 1
 
 
+def test_each_candidate_kernel_variant_is_compared(vllm_env, monkeypatch):
+    """A variant of the candidate-logits kernel (another page size, say) is compared with
+    vLLM's dense logits at its first call, though another was compared before; then it serves."""
+    plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "reader", "mtp_2d")
+    install_hooks(monkeypatch, vllm_env, take=True)
+    monkeypatch.setattr(indexer, "_cand_variant", lambda *args: "pages of 64")
+    for expected in (["hook:candidate_logits_top_k", "vllm:logits"],
+                     ["hook:candidate_logits_top_k"]):  # fmt: skip
+        vllm_env.calls.clear()
+        run(vllm_env, plugin_layer, meta, q, n)
+        assert vllm_env.calls == expected
+    assert indexer._cand_checked == {"compared", "pages of 64"}
+
+
+def test_candidate_kernel_variants():
+    """Heads, page size and the lengths' dims name a variant; the rows do not."""
+    q = torch.empty(2, 3, 64, 128)
+    cache = torch.empty(10, 64, 1, 132)
+    one = indexer._cand_variant(q, cache, torch.empty(2))
+    assert one == indexer._cand_variant(torch.empty(5, 1, 64, 128), cache, torch.empty(5))
+    others = [indexer._cand_variant(q[:, :, :32], cache, torch.empty(2)),
+              indexer._cand_variant(q, cache[:, :32], torch.empty(2)),
+              indexer._cand_variant(q, cache, torch.empty(2, 3))]  # fmt: skip
+    assert len({one, *others}) == 4
+
+
 def _skewed_hook(monkeypatch, env, skew: str) -> None:
     """The candidate-logits stand-in whose compact rows carry ``skew`` (ref_indexer)."""
     skewed = ref.CandidateLogitsTopK(env.logits, skew=skew)
@@ -358,7 +385,7 @@ def _skewed_hook(monkeypatch, env, skew: str) -> None:
 
 def test_candidate_logits_compared_as_the_top_k_reads_them(vllm_env, monkeypatch):
     """-0 where vLLM has +0 orders alike: equal, the hook serves."""
-    monkeypatch.setattr(indexer, "_cand_checked", False)
+    monkeypatch.setattr(indexer, "_cand_checked", set())
     plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "reader", "mtp_2d")
     install_hooks(monkeypatch, vllm_env, take=True)
     _skewed_hook(monkeypatch, vllm_env, "zero sign")
@@ -370,7 +397,7 @@ def test_candidate_logits_compared_as_the_top_k_reads_them(vllm_env, monkeypatch
 def test_candidate_logits_of_too_few_columns_are_not_judged(vllm_env, monkeypatch):
     """A step with fewer meaningful columns than MIN_COMPARED (vLLM's warm-up runs dummy rows)
     declines, unjudged: vLLM's path serves it, and a later step compares."""
-    monkeypatch.setattr(indexer, "_cand_checked", False)
+    monkeypatch.setattr(indexer, "_cand_checked", set())
     plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "reader", "mtp_2d")
     install_hooks(monkeypatch, vllm_env, take=True)
     run(vllm_env, oracle_layer, meta, q, n, plugin=False)
@@ -393,7 +420,7 @@ def test_candidate_logits_of_too_few_columns_are_not_judged(vllm_env, monkeypatc
 def test_candidate_logits_that_differ_from_vllms_stay_off(vllm_env, monkeypatch, plugin_log):
     """One last-bit difference at one candidate column: the hook declines (vLLM's dense logits,
     mask or candidate top-k, and top-k serve, the same index sets as vLLM's) and stays off."""
-    monkeypatch.setattr(indexer, "_cand_checked", False)
+    monkeypatch.setattr(indexer, "_cand_checked", set())
     plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "reader", "mtp_2d")
     install_hooks(monkeypatch, vllm_env, take=True)
     _skewed_hook(monkeypatch, vllm_env, "last bit")
@@ -416,7 +443,7 @@ def test_candidate_logits_are_not_compared_inside_graph_capture(vllm_env, monkey
     """Capture cannot read the comparison's result: before it has compared, the hook declines
     before any candidate kernel runs (none is captured), and the comparison stays to be done
     by the next eager call."""
-    monkeypatch.setattr(indexer, "_cand_checked", False)
+    monkeypatch.setattr(indexer, "_cand_checked", set())
     plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "reader", "mtp_2d")
     install_hooks(monkeypatch, vllm_env, take=True)
     monkeypatch.setattr(indexer, "_capturing", lambda t: True)
@@ -618,11 +645,9 @@ def test_hook_out_of_memory_declines_and_tries_again(vllm_env, monkeypatch, plug
 
 def test_first_decode_step_is_logged_once(vllm_env, monkeypatch, plugin_log):
     """One INFO line with the counters once every layer has run its first decode step, then
-    none; the summary is registered for exit."""
+    none."""
     monkeypatch.setattr(indexer, "_first_layer", None)
     monkeypatch.setattr(indexer, "_first_step_logged", False)
-    at_exit = []
-    monkeypatch.setattr(indexer.atexit, "register", at_exit.append)
     install_hooks(monkeypatch, vllm_env, take=True)
     seq, decode_lens, padded, n_dec, q = make_step("mtp_2d")
     meta = metadata(seq, decode_lens, padded, n_dec)
@@ -632,4 +657,3 @@ def test_first_decode_step_is_logged_once(vllm_env, monkeypatch, plugin_log):
             run(vllm_env, layer, meta, q, n_dec)
     lines = [r.getMessage() for r in plugin_log.records if "first decode step" in r.getMessage()]
     assert len(lines) == 1 and "indexer_decode 2/2" in lines[0]
-    assert len(at_exit) == 1

@@ -36,19 +36,22 @@ def test_inactive_on_this_machine(clean_plugin, plugin_log, targets):
     assert len(infos) == 1 and "inactive" in infos[0] and "not ROCm" in infos[0]
 
 
-@pytest.mark.parametrize(
-    ("setup", "reason"),
-    [
-        (lambda mp, st: mp.setenv("DSV41_GFX942_DISABLE", "1"), "DSV41_GFX942_DISABLE"),
-        (lambda mp, st: mp.setattr("dsv41_gfx942_plugin.vllm_version", lambda: "0.34.0"),
-         "vLLM 0.34.0 is not supported"),
-        (lambda mp, st: setattr(st, "gfx942", False), "not gfx942"),
-    ],
-)  # fmt: skip
-def test_inactive_reasons_in_order(clean_plugin, fake_platform, monkeypatch, plugin_log, setup,
-                                   reason):  # fmt: skip
-    # The off switch wins over a bad version, which wins over the arch: set all three.
-    setup(monkeypatch, fake_platform)
+#: Reasons register() gives for staying inactive, strongest first, each with what causes it.
+_INACTIVE = [
+    (lambda mp, st: mp.setenv("DSV41_GFX942_DISABLE", "1"), "DSV41_GFX942_DISABLE"),
+    (lambda mp, st: mp.setattr("dsv41_gfx942_plugin.vllm_version", lambda: "0.34.0"),
+     "vLLM 0.34.0 is not supported"),
+    (lambda mp, st: setattr(st, "gfx942", False), "not gfx942"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", range(len(_INACTIVE)))
+def test_inactive_reasons_in_order(clean_plugin, fake_platform, monkeypatch, plugin_log, case):
+    """The off switch wins over a bad version, which wins over the arch: case i sets its own
+    cause and every weaker one, and register() names its own."""
+    for setup, _ in _INACTIVE[case:]:
+        setup(monkeypatch, fake_platform)
+    reason = _INACTIVE[case][1]
     clean_plugin.register()
     assert reason in clean_plugin.status()
     assert patching.applied() == {}
@@ -103,12 +106,21 @@ def test_active_patches_land_on_real_vllm(clean_plugin, fake_platform, plugin_lo
 
 def test_hook_family_switches(clean_plugin, fake_platform, monkeypatch, plugin_log):
     monkeypatch.setenv("DSV41_GFX942_FUSED_MARKOV", "0")
-    monkeypatch.setenv("DSV41_GFX942_TOPK", "off")
+    monkeypatch.setenv("DSV41_GFX942_CAND_LOGITS", "0")
     clean_plugin.register()
-    # The indexer patch stays while the candidate-logits family is on.
+    # The indexer patch stays while the top-k family is on, the candidate logits off alone.
     assert set(patching.applied()) == {INDEXER}
     assert patches.check_all()[SAMPLER] == "turned off by DSV41_GFX942_FUSED_MARKOV=0"
     assert _ACTIVE_INDEXER_ONLY in _infos(plugin_log)  # the switched-off patch is not named
+
+
+def test_topk_switch_keeps_the_indexer_unpatched(clean_plugin, fake_platform, monkeypatch):
+    """DSV41_GFX942_TOPK=0 keeps every HIP kernel off: the candidate logits, left on, end with
+    the HIP compact top-512, so they are off too and the indexer is not patched at all."""
+    monkeypatch.setenv("DSV41_GFX942_TOPK", "0")
+    clean_plugin.register()
+    assert set(patching.applied()) == {SAMPLER}
+    assert patches.check_all()[INDEXER] == "turned off by DSV41_GFX942_TOPK=0"
 
 
 def test_status_names_the_global_switch(monkeypatch):
@@ -132,6 +144,22 @@ def test_changed_signature_is_skipped_with_warning(clean_plugin, fake_platform, 
     assert _ACTIVE_INDEXER_ONLY in _infos(plugin_log)  # the skipped patch is not named
     warnings = [r.getMessage() for r in plugin_log.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and SAMPLER in warnings[0] and "extra" in warnings[0]
+
+
+@pytest.mark.parametrize("name", ["vllm.forward_context.get_forward_context",
+                                  "vllm.compilation.breakable_cudagraph.eager_break_during_capture",
+                                  "vllm.config.CUDAGraphMode"])  # fmt: skip
+def test_missing_indexer_import_skips_that_patch(clean_plugin, fake_platform, monkeypatch,
+                                                 plugin_log, name):  # fmt: skip
+    """A later 0.33.x without a name the plugin's indexer module imports: the indexer patch is
+    skipped with one warning naming it, and the sampler patch still applies (building the
+    replacement would have failed after the checks, and register() undoes every patch then)."""
+    monkeypatch.delattr(name)
+    clean_plugin.register()
+    assert clean_plugin.status() == "active"
+    assert set(patching.applied()) == {SAMPLER}
+    warnings = [r.getMessage() for r in plugin_log.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and INDEXER in warnings[0] and name.rpartition(".")[2] in warnings[0]
 
 
 def _assert_left_alone(clean_plugin, plugin_log, monkeypatch, owner, attr, theirs, why):
@@ -160,9 +188,12 @@ def test_replaced_attn_cls_is_left_alone(clean_plugin, fake_platform, monkeypatc
 @pytest.mark.parametrize("how", ["replaced", "wrapped"])
 def test_replaced_sampler_is_left_alone(clean_plugin, fake_platform, monkeypatch, plugin_log,
                                         how):  # fmt: skip
-    """Another plugin's _sample_sequential with vLLM's parameters (its own, or vLLM's wrapped
-    with functools.wraps) is not patched over: the fused path's order assumes vLLM's method."""
+    """Another plugin's _sample_sequential with vLLM's parameters is not patched over: the
+    fused path's order assumes vLLM's method. "replaced": a function of its own (another
+    source file); "wrapped": marked with functools.wraps as wrapping vLLM's, its code compiled
+    from vLLM's file (a copy of vLLM's), so only the ``__wrapped__`` test tells it apart."""
     import functools
+    import types
 
     from vllm.v1.worker.gpu.spec_decode.dspark.speculator import DSparkSpeculator
 
@@ -170,7 +201,9 @@ def test_replaced_sampler_is_left_alone(clean_plugin, fake_platform, monkeypatch
         return None
 
     if how == "wrapped":
-        theirs = functools.wraps(DSparkSpeculator._sample_sequential)(theirs)
+        vllms = DSparkSpeculator._sample_sequential
+        copy = types.FunctionType(vllms.__code__, vllms.__globals__)
+        theirs = functools.wraps(vllms)(copy)
     _assert_left_alone(clean_plugin, plugin_log, monkeypatch, DSparkSpeculator,
                        "_sample_sequential", theirs, "not vLLM's own")  # fmt: skip
 

@@ -19,7 +19,7 @@ def _status_command(stdout=subprocess.PIPE, **env) -> subprocess.CompletedProces
 
 
 def test_status_command_reports_everything():
-    proc = _status_command(DSV41_GFX942_TOPK="0")
+    proc = _status_command(DSV41_GFX942_CAND_LOGITS="0")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     for section in ("Versions", "Platform", "Patches", "Code objects", "Settings", "Hook counters"):
@@ -28,7 +28,7 @@ def test_status_command_reports_everything():
     assert "plugin in a vLLM process here: inactive: platform is" in out
     for patch, _ in patches.PATCHES:
         assert f"{patch.target}: fits this vLLM; not applied here (plugin inactive)" in out
-    assert "DSV41_GFX942_TOPK=0" in out
+    assert "DSV41_GFX942_CAND_LOGITS=0" in out
     assert "error:" not in out
 
 
@@ -39,6 +39,16 @@ def test_status_command_honours_vllms_plugin_allowlist():
     assert proc.returncode == 0, proc.stderr
     assert ("plugin in a vLLM process here: inactive: VLLM_PLUGINS='some_other_plugin' does not "
             "list dsv41_gfx942") in proc.stdout  # fmt: skip
+
+
+def test_status_without_the_entry_point(monkeypatch):
+    """The package importable but not installed (a source tree on PYTHONPATH): vLLM's loader
+    finds no entry point, so the command says inactive, not ACTIVE (whatever the platform)."""
+    from dsv41_gfx942_plugin import __main__ as status
+
+    assert status._not_loaded_by_vllm() is None  # installed here (tests/run.sh)
+    monkeypatch.setattr(status.metadata, "entry_points", lambda **kw: [])
+    assert status._not_loaded_by_vllm().startswith("no dsv41_gfx942 entry point")
 
 
 @pytest.mark.parametrize("unbuffered", ["1", ""], ids=["unbuffered", "buffered"])

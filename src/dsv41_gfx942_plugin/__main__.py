@@ -48,8 +48,12 @@ ENTRY_POINT = "dsv41_gfx942"  # the plugin's name in vllm.general_plugins (pypro
 
 
 def _not_loaded_by_vllm() -> str | None:
-    """Why vLLM's plugin loader would not call register() here (its VLLM_PLUGINS allowlist,
-    as vLLM parses it), or None."""
+    """Why vLLM's plugin loader would not call register() here (no installed entry point, as
+    when the package is only on PYTHONPATH; its VLLM_PLUGINS allowlist, as vLLM parses it), or
+    None."""
+    if ENTRY_POINT not in {ep.name for ep in metadata.entry_points(group="vllm.general_plugins")}:
+        return (f"no {ENTRY_POINT} entry point in vllm.general_plugins (the plugin is not "
+                "installed; vLLM does not load it from a source tree on PYTHONPATH)")  # fmt: skip
     allowed = importlib.import_module("vllm.envs").VLLM_PLUGINS
     if allowed is not None and ENTRY_POINT not in allowed:
         return f"VLLM_PLUGINS={','.join(allowed)!r} does not list {ENTRY_POINT}"
@@ -125,8 +129,8 @@ def _settings() -> None:
         print(f"  {name}={value}  # {envs.VARIABLES[name].help}")
     _section("Hook counters")
     print("  kept per vLLM process; this command runs in its own process and cannot see them.")
-    print("  Inside vLLM: dsv41_gfx942_plugin.stats(); each worker logs them at its first")
-    print("  decode step and as a summary at exit.")
+    print("  Inside vLLM: dsv41_gfx942_plugin.stats(); a worker logs them at exit, and after its")
+    print("  first decode step where the plugin's indexer serves.")
 
 
 def main() -> int:

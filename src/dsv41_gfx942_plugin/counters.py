@@ -4,19 +4,27 @@ A hook records one decision each time its Python runs. In vLLM's breakable-graph
 ROCm default for DeepSeek-V4.1) the indexer's Python runs every step, so the counts are steps;
 under FULL CUDA graphs the Python runs only while a graph is captured, so they count captures,
 not replays. The status command runs in another process and cannot see these; read them with
-``dsv41_gfx942_plugin.stats()`` inside the vLLM process.
+``dsv41_gfx942_plugin.stats()`` inside the vLLM process. A process that records a decision logs
+the counts at exit (one INFO line), whichever of its patches made them.
 """
 
 from __future__ import annotations
 
+import atexit
 from collections import Counter, defaultdict
 
 _taken: Counter[str] = Counter()
 _declined: defaultdict[str, Counter[str]] = defaultdict(Counter)
+_exit_log = False  # the exit summary is registered
 
 
 def record(hook: str, taken: bool, reason: str = "") -> None:
-    """Count one decision of ``hook``; ``reason`` says why it declined."""
+    """Count one decision of ``hook``; ``reason`` says why it declined. The first registers
+    the exit summary."""
+    global _exit_log
+    if not _exit_log:
+        _exit_log = True
+        atexit.register(_log_summary)
     if taken:
         _taken[hook] += 1
     else:
@@ -40,6 +48,12 @@ def summary() -> str:
     """One line: each hook's taken/declined counts."""
     parts = [f"{h} {s['taken']}/{s['taken'] + s['declined']}" for h, s in stats().items()]
     return ", ".join(parts) if parts else "no hook has run"
+
+
+def _log_summary() -> None:
+    from ._log import logger
+
+    logger.info("dsv41_gfx942 hook counters: %s", summary())
 
 
 def reset() -> None:

@@ -6,7 +6,8 @@ a layer is built), so a test can set them with ``monkeypatch.setenv``. Booleans 
 warning naming the variable.
 
 The hook families can be turned off one at a time in production; turning one off leaves vLLM's
-own op at that place.
+own op at that place. The candidate logits end with the HIP compact top-512, so they are off
+whenever ``DSV41_GFX942_TOPK`` is: that switch keeps every HIP kernel of the plugin off.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ VARIABLES: dict[str, EnvVar] = {
         EnvVar(
             "DSV41_GFX942_CAND_LOGITS",
             True,
-            "Candidate-only FP8 indexer logits (Gluon) on the reader layers 24-36.",
+            "Candidate-only FP8 indexer logits (Gluon) on the reader layers 24-36; they end with "
+            "the HIP compact top-512, so they need DSV41_GFX942_TOPK on as well.",
         ),
         EnvVar(
             "DSV41_GFX942_FUSED_MARKOV",
@@ -65,6 +67,9 @@ FAMILIES = {
     "cand_logits": "DSV41_GFX942_CAND_LOGITS",
     "fused_markov": "DSV41_GFX942_FUSED_MARKOV",
 }
+
+#: Hook family -> the families whose kernels it runs too (off when any of them is off).
+NEEDS = {"cand_logits": ("topk",)}
 
 _warned: set[str] = set()
 
@@ -99,10 +104,12 @@ def disabled() -> bool:
 
 
 def enabled(family: str) -> bool:
-    """Whether hook ``family`` ("topk", "cand_logits", "fused_markov") may serve."""
+    """Whether hook ``family`` ("topk", "cand_logits", "fused_markov") may serve: its switch and
+    those of the families it ``NEEDS`` are on, and the global switch is off."""
     if family not in FAMILIES:
         raise ValueError(f"unknown hook family {family!r}; expected one of {sorted(FAMILIES)}")
-    return not disabled() and get_bool(FAMILIES[family])
+    own = not disabled() and get_bool(FAMILIES[family])
+    return own and all(enabled(f) for f in NEEDS.get(family, ()))
 
 
 def settings() -> dict[str, str]:

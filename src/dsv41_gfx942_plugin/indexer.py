@@ -21,8 +21,6 @@ from device memory), and vLLM keys FULL graphs by batch shape.
 
 from __future__ import annotations
 
-import atexit
-
 import torch
 from vllm._aiter_ops import rocm_aiter_ops
 from vllm.compilation.breakable_cudagraph import eager_break_during_capture
@@ -56,10 +54,10 @@ def make_indexer_cls(original: type) -> type:
             layers_built += 1
             # Read once per layer: the switches hold for the process.
             self.dsv41_topk = envs.enabled("topk")
-            self.dsv41_cand_logits = envs.enabled("cand_logits")
+            self.dsv41_cand_logits = envs.enabled("cand_logits")  # implies dsv41_topk
             # Load the code object now (model load: the device is set, no capture runs),
             # never at the first decode step.
-            if self.dsv41_topk or self.dsv41_cand_logits:
+            if self.dsv41_topk:
                 topk.build()
             logger.info_once(
                 "dsv41_gfx942: DeepSeek-V4.1 indexer decode steps are served by the plugin's "
@@ -120,13 +118,12 @@ def indexer_step(layer, hidden_states, q_fp8, k, weights) -> torch.Tensor:
 
 def _note_step(prefix: str) -> None:
     """Log which hooks serve once, when the first decode step has passed every layer (the
-    first layer comes round again), and a summary at exit. Costs one comparison a layer after."""
+    first layer comes round again). Costs one comparison a layer after."""
     global _first_layer, _first_step_logged
     if _first_step_logged:
         return
     if _first_layer is None:
         _first_layer = prefix
-        atexit.register(lambda: logger.info("dsv41_gfx942 hook counters: %s", counters.summary()))
     elif prefix == _first_layer:
         _first_step_logged = True
         logger.info("dsv41_gfx942: first decode step done; hooks taken/decided: %s",
@@ -137,8 +134,9 @@ def _note_step(prefix: str) -> None:
 _off: dict[str, str] = {}
 # Hooks that ran out of GPU memory at least once (warned once each).
 _no_memory: set[str] = set()
-# Whether this process has compared the candidate logits with vLLM's dense ones (_dense_check).
-_cand_checked = False
+# The candidate-logits kernel variants this process has compared with vLLM's dense logits
+# (_dense_check), as _cand_variant names them.
+_cand_checked: set = set()
 
 
 def _hook(name: str, on: bool, call) -> bool:
@@ -199,7 +197,7 @@ def decode_step(layer, meta, num_tokens: int, q_fp8, weights) -> torch.Tensor:
     spare: dict = {}  # the dense logits a declining comparison computed (_dense_check)
     done = reader and _hook(
         "candidate_logits_top_k",
-        on and layer.dsv41_cand_logits,
+        layer.dsv41_cand_logits,
         lambda: _candidate_logits(layer, decode, q, kv_cache, weights, cands, out, spare),
     )
     if not done:
@@ -229,12 +227,14 @@ def _dense_logits(layer, decode, q, kv_cache, weights, rows: int) -> torch.Tenso
 
 def _candidate_logits(layer, decode, q, kv_cache, weights, cands, out, spare) -> bool:
     """The candidate-logits hook, with vLLM's dense logits to compare against until a step has
-    compared (``_dense_check``). Inside CUDA-graph capture, where the comparison cannot read its
-    result, a process that has not compared yet declines before any kernel runs, and vLLM's
-    path is captured."""
-    if not _cand_checked and _capturing(q):
+    compared (``_dense_check``), once for each kernel variant (``_cand_variant``). Inside
+    CUDA-graph capture, where the comparison cannot read its result, a variant not compared yet
+    declines before any kernel runs, and vLLM's path is captured."""
+    variant = _cand_variant(q, kv_cache, decode.seq_lens)
+    checked = variant in _cand_checked
+    if not checked and _capturing(q):
         return False
-    check = None if _cand_checked else _dense_check(layer, q, kv_cache, weights, decode, spare)
+    check = None if checked else _dense_check(layer, q, kv_cache, weights, decode, spare, variant)
     return topk.candidate_logits_top_k(
         q, kv_cache, weights, decode.seq_lens, decode.block_table, cands,
         layer.candidate_block_size, out, layer.topk_tokens,
@@ -250,19 +250,24 @@ MIN_COMPARED = 2048
 CHECK_ROWS = 64
 
 
-def _dense_check(layer, q, kv_cache, weights, decode, spare: dict):
+def _cand_variant(q, kv_cache, seq_lens) -> tuple:
+    """What the candidate-logits kernel is compiled for (heads, page size, 1-D or 2-D lengths;
+    vLLM's reader layers differ in page size): each is compared with vLLM's once."""
+    return q.shape[-2], kv_cache.shape[1], seq_lens.dim()
+
+
+def _dense_check(layer, q, kv_cache, weights, decode, spare: dict, variant: tuple):
     """The check the candidate-logits hook gets until a step has compared: its compact rows
     against vLLM's dense logits of the same step at every live candidate column, equal as the
     top-k compares them (-0 = +0, NaN = NaN). The candidate kernel mirrors one AITER release's
     arithmetic and no gfx942 GPU has compared the two yet; another AITER build, or a gfx942 that
     computes otherwise, would change index sets near the cut with no error. Any difference keeps
     the hook off in this process (one warning; vLLM's dense path runs). Equal over at least
-    MIN_COMPARED meaningful columns: the hook serves from then on, unchecked. A check that
-    declines leaves its dense logits in ``spare`` for vLLM's path of the same step, which would
-    otherwise compute them again (and hold both: rows x max_model_len fp32 each)."""
+    MIN_COMPARED meaningful columns: the hook serves ``variant`` from then on, unchecked. A
+    check that declines leaves its dense logits in ``spare`` for vLLM's path of the same step,
+    which would otherwise compute them again (and hold both: rows x max_model_len fp32 each)."""
 
     def check(logits: torch.Tensor, ids: torch.Tensor) -> bool:
-        global _cand_checked
         rows = logits.shape[0]
         dense = spare["dense"] = _dense_logits(layer, decode, q, kv_cache, weights, rows)
         counts = torch.zeros(3, dtype=torch.int64, device=logits.device)  # live, differ, compared
@@ -285,10 +290,11 @@ def _dense_check(layer, q, kv_cache, weights, decode, spare: dict):
             return False
         if compared < MIN_COMPARED:
             return False  # too little to judge (a warm-up's dummy rows): vLLM's path, this once
-        _cand_checked = True
+        _cand_checked.add(variant)
         del spare["dense"]
         logger.info("dsv41_gfx942: candidate logits equal vLLM's dense logits at %d candidate "
-                    "columns; the hook serves", live_n)  # fmt: skip
+                    "columns (heads, page size, length dims %s); the hook serves them",
+                    live_n, variant)  # fmt: skip
         return True
 
     return check

@@ -20,7 +20,9 @@
    - Removed by: an upstream hook for the indexer's decode top-k/logits (a registered
      ``top_k_per_row_decode`` backend), or vLLM enabling its in-tree gfx942 ops without
      ``--monokernel``.
-   - Switch: ``DSV41_GFX942_TOPK`` and ``DSV41_GFX942_CAND_LOGITS`` (patched while either is on).
+   - Switch: ``DSV41_GFX942_TOPK`` (every hook of this patch runs its HIP kernels, the
+     candidate logits' compact top-512 too); ``DSV41_GFX942_CAND_LOGITS`` turns the candidate
+     logits off alone.
 2. ``vllm.v1.worker.gpu.spec_decode.dspark.speculator.DSparkSpeculator._sample_sequential``
    - Why: vLLM's Markov loop launches about 9 kernels for each of the 5 draft steps (about
      220 us a decode step on MI325X); the plugin fuses each step to one launch.
@@ -89,6 +91,11 @@ INDEXER = Patch(
                 "compress_ratio", "candidate_blocks", "candidate_block_size", "candidate_write",
             ),
         ),
+        # What the plugin's indexer module imports from vLLM besides the above (a missing one
+        # would fail building the patch after these checks, and undo the other patch too).
+        Expect("vllm.compilation.breakable_cudagraph:eager_break_during_capture", params=("fn",)),
+        Expect("vllm.forward_context:get_forward_context", params=()),
+        Expect("vllm.config:CUDAGraphMode.FULL"),
         # What the plugin's decode path (indexer.decode_step) calls or reads of vLLM.
         Expect(f"{_ROCM}:rocm_fp8_paged_mqa_logits", params=(
             "q_fp8", "kv_cache_fp8", "weights", "context_lens", "block_tables",
@@ -137,7 +144,7 @@ SAMPLER = Patch(
 
 #: Every patch with the hook families that want it (applied when any of them is on).
 PATCHES: tuple[tuple[Patch, tuple[str, ...]], ...] = (
-    (INDEXER, ("topk", "cand_logits")),
+    (INDEXER, ("topk",)),
     (SAMPLER, ("fused_markov",)),
 )
 

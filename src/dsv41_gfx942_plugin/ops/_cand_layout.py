@@ -41,14 +41,17 @@ def own_use_2d_instr_shape() -> bool:
 
 
 def _aiter_module():
-    """AITER's dense Gluon logits module, or None where AITER is absent or fails to import."""
+    """AITER's dense Gluon logits module, or None where AITER is absent, fails to import, or
+    lacks the two names taken from it (another release: the plugin's own choice serves, and the
+    comparison with vLLM's dense logits at first use judges it)."""
     if importlib.util.find_spec("aiter") is None:
         return None
     try:
         from aiter.ops.triton.gluon import pa_mqa_logits
     except Exception:  # noqa: BLE001 - a broken AITER install means "not importable"
         return None
-    return pa_mqa_logits
+    names = ("_sum_combine", "_Use_2d_instr_shape_mfma_layout")
+    return pa_mqa_logits if all(hasattr(pa_mqa_logits, n) for n in names) else None
 
 
 _AITER = _aiter_module()

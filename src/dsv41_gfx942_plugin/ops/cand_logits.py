@@ -114,7 +114,10 @@ def candidate_logits(
     keys, scales = split_cache(kv_cache, q_fp8.dtype)
     page_size = kv_cache.shape[1]
     _check(kv_cache.shape[3] == dim + 4, f"kv_cache {tuple(kv_cache.shape)} vs q dim {dim}")
-    _check(heads in (16, 32, 64) and dim in (64, 128), f"heads {heads}, dim {dim} unsupported")
+    # What the gfx942 kernel compiles (its q layout needs 32 or 64 heads of 128), and so the
+    # twin, which stands in for it.
+    _check(heads in (32, 64) and dim == 128, f"heads {heads}, dim {dim} unsupported (32 or 64 "
+           "heads of dim 128)")  # fmt: skip
     _check(q_fp8.stride(2) == 1, f"q_fp8 strides {q_fp8.stride()} need unit dim stride")
     _check(next_n >= 1 and rows % next_n == 0, f"{rows} rows is not a multiple of next_n={next_n}")
     _check(cand_block >= 1, f"cand_block {cand_block} must be positive")

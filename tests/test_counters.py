@@ -1,0 +1,40 @@
+"""The hook counters: what they count, and the one INFO line a process logs at exit."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from dsv41_gfx942_plugin import counters
+
+
+def test_counts_and_reasons(clean_plugin):
+    counters.record("h", True)
+    counters.record("h", False, "too wide")
+    counters.record("h", False, "too wide")
+    counters.record("g", False)
+    assert counters.stats() == {
+        "g": {"taken": 0, "declined": 1, "reasons": {"declined": 1}},
+        "h": {"taken": 1, "declined": 2, "reasons": {"too wide": 2}},
+    }
+    assert counters.summary() == "g 0/1, h 1/3"
+
+
+def test_exit_summary_logged_once_by_any_hook():
+    """A process whose only decisions are the sampler's (its indexer not patched) logs them at
+    exit too: once, through the plugin's logger (given a handler here, as vLLM's engine
+    configures one); a process that records nothing logs nothing."""
+    handler = ("import logging, sys; from dsv41_gfx942_plugin import _log, counters; "
+               "_log.logger.addHandler(logging.StreamHandler(sys.stderr)); "
+               "_log.logger.setLevel(logging.INFO); ")  # fmt: skip
+    code = ("counters.record('markov_sample_sequential', True); "
+            "counters.record('markov_sample_sequential', False, 'x')")  # fmt: skip
+    out = []
+    for src in (handler + code, handler):
+        proc = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True,
+                              timeout=300)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        out.append((proc.stdout + proc.stderr).count("dsv41_gfx942 hook counters:"))
+        if len(out) == 1:
+            assert "hook counters: markov_sample_sequential 1/2" in proc.stderr
+    assert out == [1, 0]
