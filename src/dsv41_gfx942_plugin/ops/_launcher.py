@@ -223,7 +223,9 @@ def stream_handle(device: int) -> int:
 
 class Scratch:
     """Persistent int32 device buffers, one a device, grown outside graph capture only. A grown
-    buffer keeps the old ones alive, so graphs captured with them stay valid."""
+    buffer keeps the old ones alive, so graphs captured with them stay valid. One a device, not
+    a stream: launches that share it must be stream-ordered, as vLLM 0.33 runs the indexer (one
+    compute stream, its dual-batch overlap's two micro-batches included)."""
 
     def __init__(self):
         self._bufs: dict[int, list[torch.Tensor]] = {}
