@@ -31,6 +31,10 @@ NUM_WARPS = 4
 WAVES_PER_EU = 2
 # compact_top_k_512 (ops/topk.py) takes rows of up to 16384 entries: 2048 blocks x 8.
 MAX_ROW = 16384
+# What the gfx942 kernel compiles (its q layout needs 32 or 64 heads of 128), and so the twin,
+# which stands in for it: candidate_logits refuses others, the hook declines them.
+HEADS = (32, 64)
+HEAD_DIM = 128
 
 
 def _fp8_dtype() -> torch.dtype:
@@ -114,10 +118,8 @@ def candidate_logits(
     keys, scales = split_cache(kv_cache, q_fp8.dtype)
     page_size = kv_cache.shape[1]
     _check(kv_cache.shape[3] == dim + 4, f"kv_cache {tuple(kv_cache.shape)} vs q dim {dim}")
-    # What the gfx942 kernel compiles (its q layout needs 32 or 64 heads of 128), and so the
-    # twin, which stands in for it.
-    _check(heads in (32, 64) and dim == 128, f"heads {heads}, dim {dim} unsupported (32 or 64 "
-           "heads of dim 128)")  # fmt: skip
+    _check(heads in HEADS and dim == HEAD_DIM,
+           f"heads {heads}, dim {dim} unsupported ({HEADS} heads of dim {HEAD_DIM})")  # fmt: skip
     _check(q_fp8.stride(2) == 1, f"q_fp8 strides {q_fp8.stride()} need unit dim stride")
     _check(next_n >= 1 and rows % next_n == 0, f"{rows} rows is not a multiple of next_n={next_n}")
     _check(cand_block >= 1, f"cand_block {cand_block} must be positive")
@@ -206,8 +208,8 @@ def _hook_takes(
         all(t.device == q_fp8.device for t in tensors)
         and q_fp8.dtype in (torch.float8_e4m3fnuz, torch.float8_e4m3fn)
         and q_fp8.is_contiguous()
-        and heads in (32, 64)
-        and dim == 128
+        and heads in HEADS
+        and dim == HEAD_DIM
         and rows > 0
         and kv_cache.dtype == torch.uint8
         and kv_cache.dim() == 4
