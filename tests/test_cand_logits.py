@@ -396,17 +396,6 @@ def test_hook_takes_the_base_call():
     )
 
 
-@pytest.mark.parametrize("name", sorted(REFUSED))
-def test_hook_refuses_and_writes_nothing(name):
-    args = hook_args(**REFUSED[name])
-    before = {k: v.clone() for k, v in args.items() if isinstance(v, torch.Tensor)}
-    assert cand_logits._hook_takes(**args) is False  # the check itself (the CPU has no top-k)
-    assert cand_logits.candidate_logits_top_k(**args) is False
-    for k, v in before.items():
-        as_bytes = lambda t: t.contiguous().view(torch.uint8)
-        assert torch.equal(as_bytes(args[k]), as_bytes(v)), k
-
-
 @pytest.fixture
 def fake_topk(monkeypatch):
     """ops.topk with a recording compact_top_k_512, and candidate_logits recording its call."""
@@ -424,6 +413,20 @@ def fake_topk(monkeypatch):
     monkeypatch.setitem(sys.modules, "dsv41_gfx942_plugin.ops.topk", module)
     monkeypatch.setattr(cand_logits, "candidate_logits", fake_candidate_logits)
     return calls
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_hook_refuses_and_writes_nothing(name, fake_topk):
+    """Against a top-k that takes every call (``fake_topk``, which takes the base call:
+    test_hook_hands_compact_rows_to_the_top_k), so the refusal is the hook's own."""
+    args = hook_args(**REFUSED[name])
+    before = {k: v.clone() for k, v in args.items() if isinstance(v, torch.Tensor)}
+    assert cand_logits._hook_takes(**args) is False
+    assert cand_logits.candidate_logits_top_k(**args) is False
+    assert fake_topk == {}  # neither the logits kernel nor the top-k was launched
+    for k, v in before.items():
+        as_bytes = lambda t: t.contiguous().view(torch.uint8)
+        assert torch.equal(as_bytes(args[k]), as_bytes(v)), k
 
 
 def test_hook_hands_compact_rows_to_the_top_k(fake_topk):
@@ -643,11 +646,18 @@ def test_portable_twin_compiles_for_sm90(builds):
 
 
 def test_layout_choice_is_aiters(monkeypatch):
-    """The kernel uses the probe's answer (or AITER's, where importable: then both agree), and the
-    probe answers what AITER's module tests: whether a 2-D instr_shape is accepted."""
-    assert bool(_cand_layout.USE_2D_INSTR_SHAPE) == _cand_layout.own_use_2d_instr_shape()
-    if not _cand_layout.FROM_AITER:
-        assert _cand_layout.sum_combine is _cand_layout._own_sum_combine
+    """AITER's module's choice is taken where it is importable, the plugin's probe elsewhere;
+    the probe answers what AITER's module tests: whether a 2-D instr_shape is accepted."""
+    import types
+
+    own = _cand_layout.own_use_2d_instr_shape()
+    aiter = types.SimpleNamespace(_sum_combine=object(), _Use_2d_instr_shape_mfma_layout=not own)
+    assert _cand_layout.choose(aiter) == (aiter._sum_combine, not own)
+    assert _cand_layout.choose(None) == (_cand_layout._own_sum_combine, own)
+    # This machine's choice (where AITER is importable, AITER's and the probe's agree:
+    # tests/test_cand_logits_gfx942.py).
+    taken = _cand_layout.choose(_cand_layout._AITER)
+    assert (_cand_layout.sum_combine, bool(_cand_layout.USE_2D_INSTR_SHAPE)) == taken
     real = _cand_layout.gl.amd.AMDMFMALayout
 
     def strict(**kw):  # a Triton that wants (M, N, K)

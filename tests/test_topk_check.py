@@ -31,14 +31,21 @@ def _iota(end: int) -> torch.Tensor:
 
 
 class Torch:
-    """topk's ops answered by torch; the op named ``wrong`` takes one id below its cut."""
+    """topk's ops answered by torch; the op named ``wrong`` takes one id below its cut, or,
+    named with "1-D", ends each row of 1-D lengths at its request's length (not causally)."""
 
     def __init__(self, wrong: str = ""):
         self.wrong = wrong
 
+    def _ends(self, op, logits, next_n, seq_lens, width=1 << 30) -> list[int]:
+        rows = logits.shape[0]
+        if self.wrong == f"{op} 1-D" and seq_lens.dim() == 1:
+            return ref.decode_row_ends(seq_lens.repeat_interleave(next_n)[:, None], rows, 1, width)
+        return ref.decode_row_ends(seq_lens, rows, next_n, width)
+
     def decode(self, logits, next_n, seq_lens, indices, register_select=True):
-        for r, end in enumerate(ref.decode_row_ends(seq_lens, logits.shape[0], next_n,
-                                                    logits.shape[1])):  # fmt: skip
+        op = "decode" if register_select else "general"
+        for r, end in enumerate(self._ends(op, logits, next_n, seq_lens, logits.shape[1])):
             if end <= 512:
                 indices[r] = _iota(end)
             else:
@@ -47,7 +54,7 @@ class Torch:
         return True
 
     def candidate(self, logits, next_n, seq_lens, cands, bs, indices, k):
-        for r, end in enumerate(ref.decode_row_ends(seq_lens, logits.shape[0], next_n, 1 << 30)):
+        for r, end in enumerate(self._ends("candidate", logits, next_n, seq_lens)):
             cols = ref.candidate_columns(cands[r], bs, end)
             indices[r] = _iota(end) if end <= 512 else _take(logits[r, cols], cols, 512,
                                                              self.wrong == "candidate")  # fmt: skip
@@ -56,7 +63,7 @@ class Torch:
         return True
 
     def compact(self, logits, ids, seq_lens, next_n, indices):
-        for r, end in enumerate(ref.decode_row_ends(seq_lens, logits.shape[0], next_n, 1 << 30)):
+        for r, end in enumerate(self._ends("compact", logits, next_n, seq_lens)):
             live = ids[r] >= 0
             indices[r] = _iota(end) if end <= 512 else _take(logits[r][live], ids[r][live], 512,
                                                              self.wrong == "compact")  # fmt: skip
@@ -98,16 +105,20 @@ def test_check_accepts_torch_answers(monkeypatch, default):
         assert _topk_check.check(torch.device("cpu")) is None
     finally:
         torch.set_default_dtype(old)
-    assert seen == [torch.float32, torch.float32]
+    assert seen == [torch.float32] * 4
 
 
 @pytest.mark.parametrize(
     "op, named",
-    [("decode", "decode top-512"), ("candidate", "candidate top-k"),
-     ("candidate tail", "candidate top-k: row 1"), ("compact", "compact top-k"),
-     ("compact repeat", "compact top-k: row 0"), ("select", "candidate selection")],
+    [("decode", "decode top-512"), ("general 1-D", "decode top-512 (general path, 1-D"),
+     ("candidate", "candidate top-k"), ("candidate tail", "candidate top-k (2-D lengths): row 1"),
+     ("candidate 1-D", "candidate top-k (1-D lengths): row 0"), ("compact", "compact top-k"),
+     ("compact repeat", "compact top-k (2-D lengths): row 0"),
+     ("compact 1-D", "compact top-k (1-D lengths): row 0"), ("select", "candidate selection")],
 )  # fmt: skip
 def test_check_names_the_op_that_differs(monkeypatch, op, named):
+    """Each mutation is caught by the call meant for it (the 1-D ones only by the 1-D calls:
+    the general path's 1-D rows, the candidate and compact ops' causal ends)."""
     _patch(monkeypatch, Torch(wrong=op))
     differs = _topk_check.check(torch.device("cpu"))
     assert differs is not None and differs.startswith(named), differs
@@ -122,7 +133,7 @@ def test_check_fails_on_recorded_launches(monkeypatch):
     monkeypatch.setattr(topk, "_kernels", lambda t: kernels)
     monkeypatch.setattr(topk, "_scratch", FakeScratch())
     monkeypatch.setattr(_launcher, "stream_handle", lambda device: 0)
-    assert _topk_check.check(torch.device("cpu")).startswith("decode top-512 (register path)")
+    assert _topk_check.check(torch.device("cpu")).startswith("decode top-512 (register path, 2-D")
 
 
 @pytest.mark.parametrize("failure", ["differs", "raises"])
@@ -130,7 +141,7 @@ def test_build_keeps_the_hooks_off_when_the_check_fails(monkeypatch, plugin_log,
     def check(device):
         if failure == "raises":
             raise RuntimeError("no memory")
-        return "decode top-512 (register path): row 0 (end 671744)"
+        return "decode top-512 (register path, 2-D lengths): row 0 (end 671744)"
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)

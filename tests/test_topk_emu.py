@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import ref_topk as ref
-from dsv41_gfx942_plugin.ops import _launcher, topk
+from dsv41_gfx942_plugin.ops import _launcher, _topk_check, topk
 
 ROOT = Path(__file__).resolve().parent.parent
 _libs: dict[int, ctypes.CDLL] = {}  # the emulation's library of each wave width
@@ -319,6 +319,15 @@ def test_select_one_length_a_request(emu):
     cands = torch.full((4, 2048), 777, dtype=torch.int32)
     assert topk.select_candidates(x, 2, seq, 8, cands)
     ref.check_select(x, 2, seq, 8, cands, f"wave{emu} select 1-D")
+
+
+def test_load_time_check_passes(emu):
+    """The check build() runs before any hook serves (ops/_topk_check.py: every kernel, both
+    decode paths, 1-D and 2-D lengths, ties, -inf, NaN) accepts these kernels' answers at
+    gfx942's wave width, 64, and at the H200's, 32 (where tests/test_topk_gpu.py runs it on the
+    GPU too): a check that failed on correct gfx942 kernels would keep every top-k hook off
+    there. About 30 s a width."""
+    assert _topk_check.check(torch.device("cpu")) is None
 
 
 def lds_conflicts(wave: int) -> list[int]:

@@ -54,11 +54,14 @@ def _aiter_module():
     return pa_mqa_logits if all(hasattr(pa_mqa_logits, n) for n in names) else None
 
 
+def choose(aiter) -> tuple:
+    """(combine function, 2-D instr_shape?): AITER's module's, when given, else the plugin's."""
+    if aiter is not None:
+        return aiter._sum_combine, bool(aiter._Use_2d_instr_shape_mfma_layout)
+    return _own_sum_combine, own_use_2d_instr_shape()
+
+
 _AITER = _aiter_module()
 FROM_AITER = _AITER is not None
-if FROM_AITER:
-    sum_combine = _AITER._sum_combine
-    USE_2D_INSTR_SHAPE = tl.constexpr(bool(_AITER._Use_2d_instr_shape_mfma_layout))
-else:
-    sum_combine = _own_sum_combine
-    USE_2D_INSTR_SHAPE = tl.constexpr(own_use_2d_instr_shape())
+sum_combine, _use_2d = choose(_AITER)
+USE_2D_INSTR_SHAPE = tl.constexpr(_use_2d)

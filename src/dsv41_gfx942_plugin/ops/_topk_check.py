@@ -6,13 +6,13 @@ there (a compiler's or the hardware's semantics that neither the CPU emulation n
 build can show) would give vLLM wrong index sets without an error. ``topk.build`` runs
 :func:`check` after loading and keeps every top-k hook off in the process when it fails, so
 vLLM's ops run. The rows take every kernel and the product's paths: decode rows of one chunk,
-of one and of two merge launches, the general path, 1-D causal lengths and rows ending at or
-before 512; candidate and compact rows with -1 and repeated ids, fewer than 512 live entries or
-an end at or before 512; layer 20's selection with fewer than 2048 live blocks, one length a
-request, and rows of more than 16384 blocks (``dsv_select_blocks_wide``). Their values lie on
-a grid of 0.25 (ties at every cut), every 7th is -inf, a few +inf and NaN. H200: about 6 ms of
-GPU time (torch's profiler), 18.6-20.3 ms a check in all (the first, with the code object's load
-and torch's first launches, 0.71 s).
+of one and of two merge launches, both paths with 2-D and with 1-D causal lengths, rows ending
+at or before 512; candidate and compact rows with -1 and repeated ids, fewer than 512 live
+entries or an end at or before 512, with 2-D and 1-D lengths; layer 20's selection with fewer
+than 2048 live blocks, one length a request, and rows of more than 16384 blocks
+(``dsv_select_blocks_wide``). Their values lie on a grid of 0.25 (ties at every cut), every 7th
+is -inf, a few +inf and NaN. H200: about 6 ms of GPU time (torch's profiler), 18.6-20.3 ms a
+check in all (the first, with the code object's load and torch's first launches, 0.71 s).
 """
 
 from __future__ import annotations
@@ -86,12 +86,16 @@ def _decode_bad(x, next_n, seq_lens, idx) -> str | None:
 def _check_decode(gen, i32) -> str | None:
     c = topk.CHUNK
     x = _grid_rows(gen, 4, 41 * c)  # 41 chunks: two merge launches
-    lens = torch.tensor([[41 * c], [5 * c + 3], [300], [9 * c]], **i32)
-    for register in (True, False):
-        idx = torch.full((4, K), -7, **i32)
-        topk.top_k_per_row_decode_512(x, 1, lens, idx, register_select=register)
-        if bad := _decode_bad(x, 1, lens, idx):
-            return f"decode top-512 ({'register' if register else 'general'} path): {bad}"
+    for next_n, lens in [
+        (1, torch.tensor([[41 * c], [5 * c + 3], [300], [9 * c]], **i32)),
+        (2, torch.tensor([41 * c, 513], **i32)),  # 1-D: causal ends 41c - 1, 41c, 512, 513
+    ]:
+        for register in (True, False):
+            idx = torch.full((4, K), -7, **i32)
+            topk.top_k_per_row_decode_512(x, next_n, lens, idx, register_select=register)
+            if bad := _decode_bad(x, next_n, lens, idx):
+                path = "register" if register else "general"
+                return f"decode top-512 ({path} path, {lens.dim()}-D lengths): {bad}"
     for rows, width, lens, next_n in [
         (4, 2 * c, torch.tensor([2 * c, 1000], **i32), 2),  # 1-D: one a request, causal
         (2, c, torch.tensor([[c], [c - 100]], **i32), 1),  # one chunk: no merge launch
@@ -108,36 +112,42 @@ def _check_decode(gen, i32) -> str | None:
 def _check_candidates(gen, i32, z) -> str | None:
     """Candidate top-k (layers 24-36, 2048 blocks a row, some -1, some repeated) and the
     compact top-k (16384 entries of distinct ids, some -1): rows with many live entries, with
-    fewer than 512, and ending at or before 512."""
+    fewer than 512, and ending at or before 512; 2-D lengths (vLLM's) and 1-D causal ones."""
     rows, width = z.shape
     dev = z.device
     cands = torch.stack([torch.randperm(width // BLOCK, generator=gen, device=dev)[:2048]
                          for _ in range(rows)]).int()  # fmt: skip
     cands[:, ::9] = -1
     cands[:, 100:150] = cands[:, 300:350]
-    lens = torch.tensor([[width], [3000], [400]], **i32)
-    idx = torch.full((rows, K), -7, **i32)
-    if not topk.candidate_top_k(z, 1, lens, cands, BLOCK, idx, K):
-        return "candidate top-k declined"
-    for r, end in enumerate(_ends(lens, rows, 1, width)):
-        blocks = cands[r][cands[r] >= 0].unique().long()
-        cols = (blocks[:, None] * BLOCK + torch.arange(BLOCK, device=dev)).flatten()
-        cols = cols[cols < end].sort().values
-        if not _row_ok(idx[r], end, z[r, cols], cols):
-            return f"candidate top-k: row {r} (end {end})"
+    for next_n, lens in [
+        (1, torch.tensor([[width], [3000], [400]], **i32)),
+        (3, torch.tensor([514], **i32)),  # causal ends 512 (0..511), 513, 514
+    ]:
+        idx = torch.full((rows, K), -7, **i32)
+        if not topk.candidate_top_k(z, next_n, lens, cands, BLOCK, idx, K):
+            return f"candidate top-k declined ({lens.dim()}-D lengths)"
+        for r, end in enumerate(_ends(lens, rows, next_n, width)):
+            blocks = cands[r][cands[r] >= 0].unique().long()
+            cols = (blocks[:, None] * BLOCK + torch.arange(BLOCK, device=dev)).flatten()
+            cols = cols[cols < end].sort().values
+            if not _row_ok(idx[r], end, z[r, cols], cols):
+                return f"candidate top-k ({lens.dim()}-D lengths): row {r} (end {end})"
     v = _grid_rows(gen, rows, 16384)
     ids = torch.randperm(1 << 20, generator=gen, device=dev)[: rows * 16384].view(rows, -1).int()
     ids[:, 3::11] = -1
     ids[1, 300:] = -1
-    lens = torch.tensor([[width], [width], [400]], **i32)
-    idx = torch.full((rows, K), -7, **i32)
-    if not topk.compact_top_k_512(v, ids, lens, 1, idx):
-        return "compact top-k declined"
-    for r, end in enumerate(_ends(lens, rows, 1, 1 << 30)):
-        live = ids[r] >= 0
-        cols, order = ids[r][live].long().sort()
-        if not _row_ok(idx[r], end, v[r][live][order], cols):
-            return f"compact top-k: row {r} (end {end})"
+    for next_n, lens in [
+        (1, torch.tensor([[width], [width], [400]], **i32)),
+        (3, torch.tensor([514], **i32)),  # causal ends 512 (0..511), 513, 514
+    ]:
+        idx = torch.full((rows, K), -7, **i32)
+        if not topk.compact_top_k_512(v, ids, lens, next_n, idx):
+            return f"compact top-k declined ({lens.dim()}-D lengths)"
+        for r, end in enumerate(_ends(lens, rows, next_n, 1 << 30)):
+            live = ids[r] >= 0
+            cols, order = ids[r][live].long().sort()
+            if not _row_ok(idx[r], end, v[r][live][order], cols):
+                return f"compact top-k ({lens.dim()}-D lengths): row {r} (end {end})"
     return None
 
 
