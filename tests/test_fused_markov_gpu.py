@@ -71,7 +71,7 @@ def test_matches_vllm_loop(vocab, rank, rows, greedy, fp64):
     _check(spec, rows, base3, w1, w2, ref, out)
 
 
-def _first_step(spec, rows, base3, w1, w2, fused=F._launch):
+def _first_step(spec, rows, base3, w1, w2, fused=F._launch, probe=False):
     """``_markov_check.first_step`` on a plain case: the transcribed loop, then ``fused``."""
     vocab = base3.shape[-1]
     spec.model = types.SimpleNamespace(
@@ -84,6 +84,7 @@ def _first_step(spec, rows, base3, w1, w2, fused=F._launch):
         base3,
         lambda: R.transcribed_loop(spec, rows, base3, w1, w2),
         lambda: fused(spec, rows, base3, w1, w2),
+        probe=probe,
     )
 
 
@@ -99,6 +100,21 @@ def test_first_step_check_passes_the_real_kernels(rows, greedy, fp64, seed):
         vocab=V, rank=256, rows=rows, greedy=greedy, fp64=fp64, seed=seed
     )
     assert _first_step(spec, rows, base3, w1, w2)[0] is None
+
+
+@pytest.mark.parametrize("rows,fp64", [(8, False), (64, False), (256, False), (3, True)])
+def test_first_step_probe_passes_the_real_kernels(rows, fp64):
+    """From a batch of inert rows (vLLM's warm-up before a capture), the comparison makes the
+    compared rows live (ops/_markov_check.py's probe): the kernels pass it at the full
+    vocabulary, the fast noise's verify launch included from 17 rows, and what the probe
+    changed is restored."""
+    spec, w1, w2, base3 = R.make_plain_case(vocab=V, rank=256, rows=rows, fp64=fp64, inert=1.0)
+    state = ("sample_idx_mapping", "sample_pos", "temperature", "seeds", "draft_logits")
+    before = {name: getattr(spec, name).clone() for name in state}
+    assert _first_step(spec, rows, base3, w1, w2, probe=True) == (None, False)
+    for name in state:  # bit for bit (a NaN in the logits cache included)
+        now, then = (t.contiguous().view(torch.uint8) for t in (getattr(spec, name), before[name]))
+        assert torch.equal(now, then), name
 
 
 @pytest.mark.parametrize("rows,row", [(8, 2), (256, 255)])

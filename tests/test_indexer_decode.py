@@ -365,15 +365,16 @@ def test_each_candidate_kernel_variant_is_compared(vllm_env, monkeypatch):
 
 
 def test_candidate_kernel_variants():
-    """Heads, page size and the lengths' dims name a variant; the rows do not."""
+    """Heads, page size, the lengths' dims and next_n name a variant; the requests do not."""
     q = torch.empty(2, 3, 64, 128)
     cache = torch.empty(10, 64, 1, 132)
     one = indexer._cand_variant(q, cache, torch.empty(2))
-    assert one == indexer._cand_variant(torch.empty(5, 1, 64, 128), cache, torch.empty(5))
+    assert one == indexer._cand_variant(torch.empty(5, 3, 64, 128), cache, torch.empty(5))
     others = [indexer._cand_variant(q[:, :, :32], cache, torch.empty(2)),
               indexer._cand_variant(q, cache[:, :32], torch.empty(2)),
-              indexer._cand_variant(q, cache, torch.empty(2, 3))]  # fmt: skip
-    assert len({one, *others}) == 4
+              indexer._cand_variant(q, cache, torch.empty(2, 3)),
+              indexer._cand_variant(q[:, :1], cache, torch.empty(2))]  # fmt: skip
+    assert len({one, *others}) == 5
 
 
 def _skewed_hook(monkeypatch, env, skew: str) -> None:

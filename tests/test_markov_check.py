@@ -180,6 +180,33 @@ def test_inert_rows_only_compare_again_at_the_next_step():
         R.run_both(spec, 5, hidden, F.sample_sequential)  # the comparison runs the loop
 
 
+@pytest.mark.parametrize("wrong", [False, True])
+def test_an_inert_first_comparison_makes_rows_live(wrong, monkeypatch):
+    """vLLM's warm-up before a graph captures a sampled configuration has every row inert (no
+    cached logits, no noise), so its first comparison makes the compared rows live: kernels
+    right there pass (PROBE_TEMPERATURES, a greedy request among them), ones wrong only on a
+    live row's cached logits are caught; either way the step's output is vLLM's loop's on the
+    inert state, and every value the probe changed is restored."""
+
+    def launch(spec, *args, **kwargs):
+        REAL_LAUNCH(spec, *args, **kwargs)
+        if wrong and int(spec.sample_idx_mapping[1]) >= 0:  # a live row 0
+            _raise_a_logit(spec)
+
+    monkeypatch.setattr(F, "_launch", launch)
+    spec, hidden = R.make_case(vocab=700, rows=5, n_spec=3, inert=1.0, seed=88)
+    state = ("sample_idx_mapping", "sample_pos", "temperature", "seeds", "draft_logits")
+    before = {name: getattr(spec, name).clone() for name in state}
+    took, ref, out = R.run_both(spec, 5, hidden, F.sample_sequential, fused_only=False)
+    assert took and torch.equal(ref["tokens"], out["tokens"])
+    for name in state:
+        assert torch.equal(getattr(spec, name), before[name]), name
+    if wrong:
+        assert "row 0 step 1: a cached logit differs beyond a bias's last bit" in F._check_failed
+    else:
+        assert F._check_failed is None and len(F._checked) == 1 and F._settled == set()
+
+
 def _next_token(spec):
     spec.draft_tokens[0, 0] = (spec.draft_tokens[0, 0] + 1) % 700
 
@@ -256,23 +283,45 @@ def test_wrong_kernels_fail_and_vllms_loop_serves(spoil, why, monkeypatch, plugi
 
 
 def test_out_of_memory_in_the_comparison_is_no_broken_configuration(monkeypatch):
-    """The comparison's copies find no memory: the error reaches the patch (which runs vLLM's
-    loop for the step, speculator._fused), the winners are reset, nothing is marked broken or
-    compared, and the next step compares."""
+    """The comparison's copies find no memory: this step is vLLM's loop from the base logits
+    already computed (computed once: a second time would repeat the lm_head's tensor-parallel
+    all-gather on this rank alone), the winners are reset, nothing is marked broken or compared,
+    and the next step compares."""
     real = C.first_step
 
-    def no_memory(*args):
+    def no_memory(*args, **kwargs):
         raise torch.OutOfMemoryError("no memory")
 
     monkeypatch.setattr(C, "first_step", no_memory)
     spec, hidden = R.make_case(vocab=700, rows=3, n_spec=3, seed=85)
-    with pytest.raises(torch.OutOfMemoryError):
-        F.sample_sequential(spec, 3, hidden)
+    heads = []
+    compute = spec.model.compute_draft_logits
+    monkeypatch.setattr(spec.model, "compute_draft_logits", lambda h: heads.append(1) or compute(h))
+    took, ref, out = R.run_both(spec, 3, hidden, F.sample_sequential, fused_only=False)
+    assert took and heads == [1, 1]  # vLLM's run, then the fused call's: once each
+    assert torch.equal(ref["tokens"], out["tokens"]) and torch.equal(ref["cache"], out["cache"])
     assert F._broken == set() and F._checked == set() and F._check_failed is None
     assert (F._scratch(spec, torch.device("cpu"), 700)["win"] == -(2**63)).all()
     monkeypatch.setattr(C, "first_step", real)
     took, ref, out = R.run_both(spec, 3, hidden, F.sample_sequential, fused_only=False)
     assert took and len(F._settled) == 1
+
+
+def test_out_of_memory_in_vllms_loop_after_the_base_logits_is_marked(monkeypatch):
+    """vLLM's own loop (from this step's base logits) finds no memory: the error leaves the
+    fused call marked ``dsv41_after_base``, for the patch to raise to vLLM rather than run the
+    whole step again (tests/test_speculator_patch.py)."""
+
+    def no_memory(*args):
+        raise torch.OutOfMemoryError("no memory")
+
+    monkeypatch.setattr(F, "_loop_rest", no_memory)
+    monkeypatch.setattr(F, "_buffers", {})
+    monkeypatch.setattr(F, "_scratch", no_memory)  # the scratch's OOM branch takes the loop
+    spec, hidden = R.make_case(vocab=700, rows=3, n_spec=3, seed=86)
+    with pytest.raises(torch.OutOfMemoryError) as err:
+        F.sample_sequential(spec, 3, hidden)
+    assert err.value.dsv41_after_base
 
 
 def test_capture_before_the_comparison_declines(monkeypatch):

@@ -252,8 +252,9 @@ CHECK_ROWS = 64
 
 def _cand_variant(q, kv_cache, seq_lens) -> tuple:
     """What the candidate-logits kernel is compiled for (heads, page size, 1-D or 2-D lengths;
-    vLLM's reader layers differ in page size): each is compared with vLLM's once."""
-    return q.shape[-2], kv_cache.shape[1], seq_lens.dim()
+    vLLM's reader layers differ in page size) and the rows a request (``next_n``: vLLM hands
+    AITER's dense kernel other lengths for 2 than for 1): each is compared with vLLM's once."""
+    return q.shape[-2], kv_cache.shape[1], seq_lens.dim(), q.shape[1]
 
 
 def _dense_check(layer, q, kv_cache, weights, decode, spare: dict, variant: tuple):

@@ -43,7 +43,10 @@ def _fused(spec, num_reqs: int, head_hidden) -> bool:
     stays off in this process, and vLLM's loop runs (rewriting every token and cached logit the
     fused path may have touched), so a plugin bug never takes the server down. Running out of
     GPU memory is no bug (vLLM's own draft logits, which the fused path asks for, raise it as
-    well): that step takes vLLM's loop, and the next tries the fused path again."""
+    well): that step takes vLLM's loop, and the next tries the fused path again. Once the step's
+    base logits exist, the fused path finishes it with vLLM's loop itself (computing them again
+    would repeat a tensor-parallel all-gather on this rank alone), and an out of memory there,
+    in vLLM's own loop, goes to vLLM as it would without the plugin."""
     global _fused_failed
     try:
         from .ops import fused_markov  # inside: an import that fails is a failure like any other
@@ -51,8 +54,10 @@ def _fused(spec, num_reqs: int, head_hidden) -> bool:
         if fused_markov.sample_sequential(spec, num_reqs, head_hidden):
             return True
         counters.record(HOOK, False, "fused path declined")
-    except torch.OutOfMemoryError:
+    except torch.OutOfMemoryError as e:
         counters.record(HOOK, False, "out of memory")
+        if getattr(e, "dsv41_after_base", False):
+            raise  # in vLLM's loop from this step's base logits (fused_markov._rest)
         logger.warning_once("dsv41_gfx942: out of GPU memory in a fused Markov step; that step "
                             "takes vLLM's loop (logged once)")  # fmt: skip
     except Exception:

@@ -14,15 +14,21 @@ within ``TOL`` of its and its base logit's magnitudes (a bias's last bf16 bit fi
 where the base logit dominates), in at most ``MAX_DIFFER`` of the compared values; a sampled
 token may differ only where the cached value of one of the two tokens does; an argmax token (a
 greedy draft, temperature 0, an inert row) must hold vLLM's maximum logit within ``TOL``.
+vLLM's warm-up before it captures a step in a CUDA graph (whose replays are never compared) has
+every row inert: a sampled configuration's first comparison then makes the compared rows live
+for it (:func:`_live`), so that the sampled path a graph replays is the one compared.
 
 H200, 129280 tokens, 5 steps, eager: a first step (fused launches, vLLM's loop, comparison) takes
 4.3-10.9 ms sampled (1-256 rows; 2.9-9.3 of it the comparison) and 3.9 ms greedy (256 rows),
 against 0.4-0.8 ms for the fused launches alone, and holds up to 314 MiB more at its peak (the
 copies of 64 rows and a group's temporaries; measured when the base logits of a batch of 64 rows
-or fewer were copied too: 82 MB of it at 64 rows, not copied since).
+or fewer were copied too: 82 MB of it at 64 rows, not copied since); the probe of inert rows
+copies the compared slots' cached logits besides (1.3 MB a slot at 5 steps: 83 MB at 64).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -35,6 +41,10 @@ CHECK_ROWS = 64
 GROUP = 4
 # The share of compared cached values that may differ (the issue's bound; measured 0-2e-4).
 MAX_DIFFER = 1e-3
+# The compared rows' temperatures when they are made live for a sampled configuration's first
+# comparison from inert rows (:func:`first_step`): sampled rows below and above 1, and a greedy
+# request among them (an argmax whose logits are cached).
+PROBE_TEMPERATURES = (1.0, 0.6, 0.0, 1.7)
 # |vLLM's - fused| <= TOL * (|logit| + |base logit|): a bias's last bf16 bit (at most 2**-7 of
 # the bias, which is at most |logit| + |base|) and the add's rounding (2**-8 of the logit).
 TOL = 2.0**-6
@@ -114,15 +124,58 @@ def compare(tokens, cached, live, hot, base, logits_fn, row_ids=None) -> str | N
     return None
 
 
-def first_step(spec, num_reqs: int, base: torch.Tensor, loop, fused) -> tuple[str | None, bool]:
+def first_step(
+    spec, num_reqs: int, base: torch.Tensor, loop, fused, probe: bool = False
+) -> tuple[str | None, bool]:
     """Runs ``fused()`` and then ``loop()`` (vLLM's loop from ``base``, [rows, steps, V]) on the
     speculator's state, the compared rows' tokens set to -1 and their cached logits to NaN before
     the fused launches, so that a store they miss shows. The step's output is vLLM's loop's either
     way. Returns None when :func:`compare` accepts the fused output, else why; and whether any
-    compared row was live (vLLM's warm-up rows are all inert)."""
-    n_spec, vocab = base.shape[1], base.shape[2]
+    compared row was live (vLLM's warm-up rows are all inert).
+
+    With ``probe``, a sampled step whose compared rows are all inert (vLLM's warm-up before it
+    captures the step in a CUDA graph, whose replays are never compared) is first compared with
+    those rows made live (:func:`_live`): cached logits, vLLM's noise and temperatures, the
+    sampled path that the graph will replay."""
+    n_spec = base.shape[1]
     row_ids = _rows(num_reqs)
     sel = torch.tensor(row_ids, device=base.device)
+    idx = spec.sample_idx_mapping[: num_reqs * n_spec].view(num_reqs, n_spec)[sel]
+    if probe and spec.draft_logits is not None and not bool((idx >= 0).any()):
+        with _live(spec, num_reqs, n_spec, sel):
+            why, _ = _compare_step(spec, num_reqs, base, loop, fused, row_ids, sel)
+        if why is not None:
+            loop()  # the step's output: vLLM's loop's on the step's own state
+            return why, False
+    return _compare_step(spec, num_reqs, base, loop, fused, row_ids, sel)
+
+
+@contextlib.contextmanager
+def _live(spec, num_reqs: int, n_spec: int, sel: torch.Tensor):
+    """The rows ``sel`` live for the duration: each its own request slot, with
+    PROBE_TEMPERATURES, a seed and positions of its own; every value this changes, and the
+    slots' cached logits, restored after."""
+    num_sample = num_reqs * n_spec
+    idx_map = spec.sample_idx_mapping[:num_sample].view(num_reqs, n_spec)
+    pos = spec.sample_pos[:num_sample].view(num_reqs, n_spec)
+    saved = [(t, t.clone()) for t in (idx_map, pos, spec.temperature, spec.seeds)]
+    cached = spec.draft_logits[sel].clone()
+    try:
+        idx_map[sel] = sel[:, None].to(idx_map.dtype)
+        pos[sel] = 4097 + torch.arange(n_spec, device=pos.device, dtype=pos.dtype)
+        temps = torch.tensor(PROBE_TEMPERATURES, device=sel.device)
+        spec.temperature[sel] = temps[torch.arange(sel.numel(), device=sel.device) % temps.numel()]
+        spec.seeds[sel] = (20261204 + 7919 * sel).to(spec.seeds.dtype)
+        yield
+    finally:
+        for t, old in saved:
+            t.copy_(old)
+        spec.draft_logits[sel] = cached
+
+
+def _compare_step(spec, num_reqs, base, loop, fused, row_ids, sel) -> tuple[str | None, bool]:
+    """:func:`first_step` on the speculator's state as it is."""
+    n_spec, vocab = base.shape[1], base.shape[2]
     idx = spec.sample_idx_mapping[: num_reqs * n_spec].view(num_reqs, n_spec)[sel].long()
     req = idx.clamp(min=0)
     steps = torch.arange(n_spec, device=idx.device).expand_as(req)

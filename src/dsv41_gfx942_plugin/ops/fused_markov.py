@@ -121,8 +121,10 @@ _buffers: dict = {}
 # take vLLM's loop from then on.
 _broken: set = set()
 # Launch configurations compared with vLLM's loop (_markov_check) at least once (a graph may
-# capture them), those compared on a step with a live row too (compared no more), and why the
-# fused path is off in this process when one differed.
+# capture them; a sampled one's first comparison from inert rows makes rows live for it), those
+# compared on a step with a live row too (compared no more), and why the fused path is off in
+# this process when one differed (graphs already captured keep their launches: a comparison
+# that differs after a capture cannot reach its replays).
 _checked: set = set()
 _settled: set = set()
 _check_failed: str | None = None
@@ -218,9 +220,10 @@ def _capturing_unchecked(spec, num_reqs: int, device: torch.device) -> bool:
 
 def _compare_now(key: tuple) -> bool:
     """Whether this step of the configuration is compared with vLLM's loop: on a GPU outside
-    graph capture (the comparison copies to the host), until a step with a live row has compared
-    (vLLM's warm-up rows are all inert); never under the interpreter, the tests' backend (they
-    compare every call)."""
+    graph capture (the comparison copies to the host), until a step with a live row of its own
+    has compared (vLLM's warm-up rows are all inert: that first comparison makes rows live,
+    ``_markov_check.first_step``'s probe, and a later step with live rows compares again);
+    never under the interpreter, the tests' backend (they compare every call)."""
     return key[0] == "cuda" and key not in _settled and not torch.cuda.is_current_stream_capturing()
 
 
@@ -322,11 +325,11 @@ def sample_sequential(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
     if base.dtype != w2.dtype or base.stride(-1) != 1 or vocab != bias_width:
         # The lm_head's output is not what the kernel adds to: vLLM's loop, from these logits.
         _log_once(f"{base.dtype} base logits of width {vocab} (bias {bias_width})")
-        return _loop_rest(spec, num_reqs, base, sample_hidden)
+        return _rest(spec, num_reqs, base, sample_hidden)
     key, cfg = _launch_key(spec, num_reqs, base.device)
     if key in _broken:
         _log_once(f"a launch configuration that did not compile here: {key}")
-        return _loop_rest(spec, num_reqs, base, sample_hidden)
+        return _rest(spec, num_reqs, base, sample_hidden)
     try:
         _scratch(spec, base.device, vocab)
     except torch.OutOfMemoryError:
@@ -334,7 +337,7 @@ def sample_sequential(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
         # loop, which needs none of it, and the next tries again (so the handler below never
         # allocates).
         _log_once("no memory for the fused path's scratch")
-        return _loop_rest(spec, num_reqs, base, sample_hidden)
+        return _rest(spec, num_reqs, base, sample_hidden)
     base3 = base.view(num_reqs, n_spec, vocab)
     try:
         if not _compare_now(key):
@@ -344,8 +347,9 @@ def sample_sequential(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
                 spec,
                 num_reqs,
                 base3,
-                lambda: _loop_rest(spec, num_reqs, base, sample_hidden),
+                lambda: _rest(spec, num_reqs, base, sample_hidden),
                 lambda: _launch(spec, num_reqs, base3, w1, w2, cfg),
+                probe=key not in _checked,  # before a graph may capture it
             )
             _checked.add(key)
             if live:
@@ -353,10 +357,12 @@ def sample_sequential(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
             if why is not None:
                 _off(why)  # the step's output is vLLM's loop's
     except torch.OutOfMemoryError:
-        # The comparison's copies (or a launch) found no memory: no broken configuration. The
-        # patch runs vLLM's loop for this step (speculator._fused), and the next tries again.
+        # The comparison's copies (or a launch) found no memory: no broken configuration. This
+        # step is vLLM's loop from its base logits, and the next tries the fused path again.
         _scratch(spec, base.device, vocab)["win"].fill_(K.KEY_MIN.value)
-        raise
+        logger.warning_once("dsv41_gfx942: out of GPU memory in a fused Markov step; that step "
+                            "takes vLLM's loop (logged once)")  # fmt: skip
+        return _rest(spec, num_reqs, base, sample_hidden)
     except Exception as e:
         # A launch that raises has not run: Triton compiles a configuration at its first launch
         # and raises CompilationError, OutOfResources, or a RuntimeError from its backend's passes
@@ -366,7 +372,7 @@ def sample_sequential(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
         logger.warning("dsv41_gfx942: fused Markov launch %s failed (%r)", key, e)
         _broken.add(key)
         _scratch(spec, base.device, vocab)["win"].fill_(K.KEY_MIN.value)
-        return _loop_rest(spec, num_reqs, base, sample_hidden)
+        return _rest(spec, num_reqs, base, sample_hidden)
     return True
 
 
@@ -465,6 +471,20 @@ def _launch(spec, num_reqs: int, base: torch.Tensor, w1: torch.Tensor, w2: torch
         R_TILE=r_tile,
         NB_CHUNK=NB_CHUNK,
     )
+
+
+def _rest(spec, num_reqs: int, base: torch.Tensor, sample_hidden: torch.Tensor) -> bool:
+    """:func:`_loop_rest` for a step whose base logits this call computed. Where vLLM's loop
+    itself runs out of memory, the error is marked ``dsv41_after_base`` for the patch, which
+    raises it to vLLM (as vLLM's own loop would) instead of running vLLM's whole
+    ``_sample_sequential`` again: that would compute the base logits a second time, through the
+    lm_head's tensor-parallel all-gather, on this rank alone (a collective the other ranks do
+    not match: a hang)."""
+    try:
+        return _loop_rest(spec, num_reqs, base, sample_hidden)
+    except torch.OutOfMemoryError as e:
+        e.dsv41_after_base = True
+        raise
 
 
 def _loop_rest(spec, num_reqs: int, base_logits: torch.Tensor, sample_hidden: torch.Tensor) -> bool:
