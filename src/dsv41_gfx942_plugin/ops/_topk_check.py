@@ -11,8 +11,8 @@ at or before 512; candidate and compact rows with -1 and repeated ids, fewer tha
 entries or an end at or before 512, with 2-D and 1-D lengths; layer 20's selection with fewer
 than 2048 live blocks, one length a request, and rows of more than 16384 blocks
 (``dsv_select_blocks_wide``). Their values lie on a grid of 0.25 (ties at every cut), every 7th
-is -inf, a few +inf and NaN. H200: about 6 ms of GPU time (torch's profiler), 18.6-20.3 ms a
-check in all (the first, with the code object's load and torch's first launches, 0.71 s).
+is -inf, a few +inf and NaN. H200: 8.7 ms of GPU time (torch's profiler), 27.4-29.0 ms a check
+in all (the first, with the code object's load and torch's first launches, 0.35 s).
 """
 
 from __future__ import annotations
