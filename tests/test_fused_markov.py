@@ -515,10 +515,12 @@ def test_scratch_is_one_set_a_speculator_shape(monkeypatch):
     assert F._scratch(again, cpu, 300)["win"] is F._scratch(four, cpu, 300)["win"]
 
 
-def test_no_memory_for_the_scratch_takes_vllms_loop_this_step(monkeypatch, spy, plugin_log):
+def test_no_memory_for_the_scratch_takes_vllms_loop_this_step(
+    monkeypatch, spy, plugin_log, clean_plugin
+):
     """Allocating the scratch runs out of memory: this step is vLLM's (the same tokens and
-    cache), logged once, nothing launched, no configuration marked broken; the next step, with
-    memory, is fused."""
+    cache), logged once, nothing launched, no configuration marked broken, and counted as vLLM's
+    loop; the next step, with memory, is fused, and counted as taken."""
     spec, hidden = _base_case(seed=71)
     monkeypatch.setattr(F, "_buffers", {})
     real, failed = F._scratch, []
@@ -535,8 +537,11 @@ def test_no_memory_for_the_scratch_takes_vllms_loop_this_step(monkeypatch, spy, 
     assert torch.equal(ref["tokens"], out["tokens"]) and torch.equal(ref["cache"], out["cache"])
     why = "no memory for the fused path's scratch"
     assert [r.levelname for r in plugin_log.records if why in r.getMessage()] == ["DEBUG"]
+    loop = {"vLLM's loop from the base logits (out of memory)": 1}
+    assert clean_plugin.stats()["fused_markov"] == {"taken": 0, "declined": 1, "reasons": loop}
     took, ref, out = R.run_both(spec, 3, hidden, F.sample_sequential)
     assert took and spy.launches == spec.num_speculative_steps + 1
+    assert clean_plugin.stats()["fused_markov"]["taken"] == 1
     assert torch.equal(ref["tokens"], out["tokens"]) and torch.equal(ref["cache"], out["cache"])
 
 

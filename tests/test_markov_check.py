@@ -160,7 +160,9 @@ def test_compared_rows_reach_every_row_tile(rows, tile, least):
         assert sum(t <= r < t + tile for r in got) >= min(rows - t, least)
 
 
-def test_the_real_kernels_pass_and_serve_without_the_loop():
+def test_the_real_kernels_pass_and_serve_without_the_loop(clean_plugin):
+    """Each configuration's first step is compared (counted as vLLM's loop, whose output it
+    keeps), the next served by the fused launches alone (counted as taken)."""
     for greedy in (False, True):
         spec, hidden = R.make_case(vocab=700, rows=5, n_spec=3, greedy=greedy, seed=81)
         took, ref, out = R.run_both(spec, 5, hidden, F.sample_sequential, fused_only=False)
@@ -168,6 +170,8 @@ def test_the_real_kernels_pass_and_serve_without_the_loop():
         R.check_rule(spec, 5, R.model_base(spec, 5, hidden), R.model_bias_fn(spec), ref, out)
         took, ref, out = R.run_both(spec, 5, hidden, F.sample_sequential)  # no loop now
         assert took
+    assert clean_plugin.stats()["fused_markov"] == {
+        "taken": 2, "declined": 2, "reasons": {"compared with vLLM's loop": 2}}  # fmt: skip
 
 
 def test_inert_rows_only_compare_again_at_the_next_step():

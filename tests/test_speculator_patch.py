@@ -80,11 +80,13 @@ def test_model_hook_log_without_the_indexer_patch(calls, monkeypatch, plugin_log
 
 
 def test_fused_path_serves_when_it_takes_the_step(calls):
+    """The patch counts nothing for a step the fused path did: the fused path counts it (its
+    launches, or vLLM's loop from its base logits; test_fused_markov.py)."""
     calls.fused.answer = True
     patched = make_sample_sequential(_original(calls))
     patched(_Spec(model_hook=lambda *a: calls.log.append("hook") or False), 4, None)
     assert calls.log == ["hook", "fused"]
-    assert dsv41_gfx942_plugin.stats()["fused_markov"]["taken"] == 1
+    assert "fused_markov" not in dsv41_gfx942_plugin.stats()
 
 
 def test_vllm_loop_when_fused_declines(calls):

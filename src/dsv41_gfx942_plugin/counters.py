@@ -13,6 +13,11 @@ from __future__ import annotations
 import atexit
 from collections import Counter, defaultdict
 
+# The DSpark sampler's name: the patch (speculator.py) records its declines, the fused path
+# (ops/fused_markov.py) the outcome of each step it did: its launches, or vLLM's loop from the
+# base logits it computed (and why).
+FUSED_MARKOV = "fused_markov"
+
 _taken: Counter[str] = Counter()
 _declined: defaultdict[str, Counter[str]] = defaultdict(Counter)
 _exit_log = False  # the exit summary is registered

@@ -18,7 +18,7 @@ import torch
 from . import counters, envs
 from ._log import logger
 
-HOOK = "fused_markov"
+HOOK = counters.FUSED_MARKOV
 
 
 def _served_by(path: str) -> None:
@@ -39,9 +39,10 @@ _fused_failed = False
 
 
 def _fused(spec, num_reqs: int, head_hidden) -> bool:
-    """The plugin's fused path; True when it did the step. If it raises, it is logged once and
-    stays off in this process, and vLLM's loop runs (rewriting every token and cached logit the
-    fused path may have touched), so a plugin bug never takes the server down. Running out of
+    """The plugin's fused path; True when it did the step (which the fused path counts: its
+    launches, or vLLM's loop from the base logits it computed). If it raises, it is logged once
+    and stays off in this process, and vLLM's loop runs (rewriting every token and cached logit
+    the fused path may have touched), so a plugin bug never takes the server down. Running out of
     GPU memory is no bug (vLLM's own draft logits, which the fused path asks for, raise it as
     well): that step takes vLLM's loop, and the next tries the fused path again. Once the step's
     base logits exist, the fused path finishes it with vLLM's loop itself (computing them again
@@ -88,7 +89,6 @@ def make_sample_sequential(original: Callable) -> Callable:
         elif _fused_failed:
             counters.record(HOOK, False, "raised earlier in this process")
         elif _fused(self, num_reqs, head_hidden):
-            counters.record(HOOK, True)
             _served_by("the plugin's fused Markov launches")
             return None
         _served_by("vLLM's loop")

@@ -35,6 +35,7 @@ import os
 import torch
 import triton
 
+from .. import counters
 from .._log import logger
 from . import _markov_check
 from . import _markov_kernels as K
@@ -325,11 +326,11 @@ def sample_sequential(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
     if base.dtype != w2.dtype or base.stride(-1) != 1 or vocab != bias_width:
         # The lm_head's output is not what the kernel adds to: vLLM's loop, from these logits.
         _log_once(f"{base.dtype} base logits of width {vocab} (bias {bias_width})")
-        return _rest(spec, num_reqs, base, sample_hidden)
+        return _rest(spec, num_reqs, base, sample_hidden, "base logits the kernel does not take")
     key, cfg = _launch_key(spec, num_reqs, base.device)
     if key in _broken:
         _log_once(f"a launch configuration that did not compile here: {key}")
-        return _rest(spec, num_reqs, base, sample_hidden)
+        return _rest(spec, num_reqs, base, sample_hidden, "launch configuration broken")
     try:
         _scratch(spec, base.device, vocab)
     except torch.OutOfMemoryError:
@@ -337,17 +338,18 @@ def sample_sequential(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
         # loop, which needs none of it, and the next tries again (so the handler below never
         # allocates).
         _log_once("no memory for the fused path's scratch")
-        return _rest(spec, num_reqs, base, sample_hidden)
+        return _rest(spec, num_reqs, base, sample_hidden, "out of memory")
     base3 = base.view(num_reqs, n_spec, vocab)
     try:
         if not _compare_now(key):
             _launch(spec, num_reqs, base3, w1, w2, cfg)
+            counters.record(counters.FUSED_MARKOV, True)
         else:
             why, live = _markov_check.first_step(
                 spec,
                 num_reqs,
                 base3,
-                lambda: _rest(spec, num_reqs, base, sample_hidden),
+                lambda: _loop_rest(spec, num_reqs, base, sample_hidden),
                 lambda: _launch(spec, num_reqs, base3, w1, w2, cfg),
                 probe=key not in _checked,  # before a graph may capture it
             )
@@ -355,14 +357,15 @@ def sample_sequential(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
             if live:
                 _settled.add(key)
             if why is not None:
-                _off(why)  # the step's output is vLLM's loop's
+                _off(why)
+            counters.record(counters.FUSED_MARKOV, False, "compared with vLLM's loop")  # its output
     except torch.OutOfMemoryError:
         # The comparison's copies (or a launch) found no memory: no broken configuration. This
         # step is vLLM's loop from its base logits, and the next tries the fused path again.
         _scratch(spec, base.device, vocab)["win"].fill_(K.KEY_MIN.value)
         logger.warning_once("dsv41_gfx942: out of GPU memory in a fused Markov step; that step "
                             "takes vLLM's loop (logged once)")  # fmt: skip
-        return _rest(spec, num_reqs, base, sample_hidden)
+        return _rest(spec, num_reqs, base, sample_hidden, "out of memory")
     except Exception as e:
         # A launch that raises has not run: Triton compiles a configuration at its first launch
         # and raises CompilationError, OutOfResources, or a RuntimeError from its backend's passes
@@ -372,7 +375,7 @@ def sample_sequential(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
         logger.warning("dsv41_gfx942: fused Markov launch %s failed (%r)", key, e)
         _broken.add(key)
         _scratch(spec, base.device, vocab)["win"].fill_(K.KEY_MIN.value)
-        return _rest(spec, num_reqs, base, sample_hidden)
+        return _rest(spec, num_reqs, base, sample_hidden, "launch failed")
     return True
 
 
@@ -473,13 +476,14 @@ def _launch(spec, num_reqs: int, base: torch.Tensor, w1: torch.Tensor, w2: torch
     )
 
 
-def _rest(spec, num_reqs: int, base: torch.Tensor, sample_hidden: torch.Tensor) -> bool:
-    """:func:`_loop_rest` for a step whose base logits this call computed. Where vLLM's loop
-    itself runs out of memory, the error is marked ``dsv41_after_base`` for the patch, which
-    raises it to vLLM (as vLLM's own loop would) instead of running vLLM's whole
-    ``_sample_sequential`` again: that would compute the base logits a second time, through the
-    lm_head's tensor-parallel all-gather, on this rank alone (a collective the other ranks do
-    not match: a hang)."""
+def _rest(spec, num_reqs: int, base: torch.Tensor, sample_hidden: torch.Tensor, why: str) -> bool:
+    """:func:`_loop_rest` for a step whose base logits this call computed, counted as vLLM's
+    loop's (``why``). Where vLLM's loop itself runs out of memory, the error is marked
+    ``dsv41_after_base`` for the patch, which raises it to vLLM (as vLLM's own loop would)
+    instead of running vLLM's whole ``_sample_sequential`` again: that would compute the base
+    logits a second time, through the lm_head's tensor-parallel all-gather, on this rank alone
+    (a collective the other ranks do not match: a hang)."""
+    counters.record(counters.FUSED_MARKOV, False, f"vLLM's loop from the base logits ({why})")
     try:
         return _loop_rest(spec, num_reqs, base, sample_hidden)
     except torch.OutOfMemoryError as e:
