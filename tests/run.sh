@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # The test command (README "The two commands on a fresh machine"): installs what the tests
 # need, then runs them.
-#  1. the gfx942 HIP toolchain, where no ROCm compiler is installed and apt-get is there
-#     (Debian's clang-19 + HIP headers + device libraries: hip/build.py builds with them);
+#  1. the gfx942 HIP toolchain, where neither a ROCm compiler nor Debian's clang-19 with the HIP
+#     headers and device libraries is installed and apt-get is there (hip/build.py builds with
+#     either), and python3-venv;
 #  2. a virtual environment with vLLM 0.33.0 (~9 GB, ~5 min the first time), cached under
-#     ~/.cache so a later run on the same machine reuses it (checked, never trusted blindly);
+#     ~/.cache so a later run on the same machine reuses it (checked, never trusted blindly:
+#     rebuilt when it does not hold vLLM 0.33.0 and pytest). DSV41_TEST_VENV names another
+#     environment instead (a ROCm build of vLLM 0.33.x): it is used as it is, given the test
+#     tools, and never rebuilt or deleted;
 #  3. the plugin itself, built as a wheel into dist/ and installed from it (so the tests see the
 #     shipped code object, and the wheel tested is the one left to publish);
 #  4. ruff (lint + format check), then pytest (15 minutes a test at most). GPU-only and
@@ -16,20 +20,40 @@ cd "$(dirname "$0")/.."
 VENV="${DSV41_TEST_VENV:-$HOME/.cache/dsv41-gfx942-plugin/venv-vllm-0.33.0}"
 PY="$VENV/bin/python"
 
-if ! command -v hipcc >/dev/null && ! command -v clang++-19 >/dev/null && command -v apt-get >/dev/null; then
-  echo "== installing the HIP toolchain (clang-19, HIP headers, ROCm device libraries)"
+have_hip() {  # a ROCm compiler, or Debian's clang-19 with the HIP headers and device libraries
+  command -v hipcc >/dev/null && return 0
+  command -v clang++-19 >/dev/null && [ -f /usr/include/hip/hip_runtime.h ] &&
+    { [ -f /usr/lib/x86_64-linux-gnu/amdgcn/bitcode/ockl.bc ] || [ -f /usr/lib/amdgcn/bitcode/ockl.bc ]; }
+}
+if { ! have_hip || ! python3 -c "import ensurepip" 2>/dev/null; } && command -v apt-get >/dev/null; then
+  echo "== installing the HIP toolchain (clang-19, HIP headers, ROCm device libraries), python3-venv"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-    clang-19 lld-19 llvm-19 libamdhip64-dev rocm-device-libs >/dev/null
+    clang-19 lld-19 llvm-19 libamdhip64-dev rocm-device-libs python3-venv >/dev/null
 fi
 
-if ! { [ -x "$PY" ] && "$PY" -c "import importlib.metadata as m; assert m.version('vllm') == '0.33.0'; import vllm, pytest" 2>/dev/null; }; then
+if [ -n "${DSV41_TEST_VENV:-}" ]; then
+  # The user's environment: vLLM 0.33.x (any local build) must be there; never replaced.
+  "$PY" - <<'PY'
+import importlib.metadata as m
+import sys
+
+sys.path.insert(0, "src")
+from dsv41_gfx942_plugin import vllm_supported
+
+try:
+    v = m.version("vllm")
+except m.PackageNotFoundError:
+    v = "none"
+sys.exit(0 if vllm_supported(v) else f"DSV41_TEST_VENV={sys.prefix} holds vLLM {v}, not 0.33.x")
+PY
+elif ! { [ -x "$PY" ] && "$PY" -c "import importlib.metadata as m; assert m.version('vllm') == '0.33.0'; import vllm, pytest" 2>/dev/null; }; then
   echo "== creating $VENV with vllm==0.33.0"
   rm -rf "$VENV"
   python3 -m venv "$VENV"
   "$PY" -m pip install -q --upgrade pip
-  "$PY" -m pip install -q "vllm==0.33.0"
+  "$PY" -m pip install -q --no-cache-dir "vllm==0.33.0"  # 9 GB: no second copy in pip's cache
 fi
 "$PY" -m pip install -q "pytest>=8" "pytest-timeout>=2.3" "ruff>=0.6"
 

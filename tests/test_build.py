@@ -176,3 +176,24 @@ def test_sdist_records_the_commit(tmp_path, hip_build):
         member = next(m for m in tar.getmembers() if m.name.endswith("/hip/COMMIT"))
         recorded = tar.extractfile(member).read().decode().strip()
     assert recorded == hip_build._git_commit() != "unknown"
+
+
+@pytest.mark.parametrize(
+    "version",
+    ["0.33.0", "0.33.0rc1", "0.33.0+rocm700", "0.33.0rc1+rocm700", "0.33.1.dev5+g1a2b.rocm700",
+     "0.33.9", "0.32.9", "0.32.9.dev3+rocm700", "0.34.0", "0.34.0rc1", "0.34.0.dev1", "1.33.0"],
+)  # fmt: skip
+def test_declared_vllm_range_is_the_plugins_own(version):
+    """pip's view of the wheel's vLLM requirement agrees with register()'s version check: a
+    ROCm build of vLLM 0.33 (a pre-release, a local version) satisfies it, so pip keeps it
+    rather than installing PyPI's, and PyPI's torch with it."""
+    tomllib = pytest.importorskip("tomllib")
+    from packaging.requirements import Requirement
+
+    from dsv41_gfx942_plugin import vllm_supported
+
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        (dep,) = tomllib.load(f)["project"]["dependencies"]
+    req = Requirement(dep)
+    assert req.name == "vllm"
+    assert req.specifier.contains(version, prereleases=True) == vllm_supported(version)
