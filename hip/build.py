@@ -88,7 +88,7 @@ def _rocm_roots() -> list[Path]:
     return [Path(r) for r in roots if r] + [Path("/opt/rocm")]
 
 
-def _find_rocm_compiler() -> str | None:
+def find_rocm_compiler() -> str | None:
     for name in ("hipcc", "amdclang++"):
         if found := shutil.which(name):
             return found
@@ -142,7 +142,7 @@ def find_compiler(arch: str) -> list[str] | None:
     if arch == "sm_90":
         nvcc = shutil.which("nvcc")
         return [nvcc, "-x", "cu", "-arch=sm_90", "-cubin", *CFLAGS] if nvcc else None
-    if rocm := _find_rocm_compiler():
+    if rocm := find_rocm_compiler():
         return [
             rocm,
             "-x",

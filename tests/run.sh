@@ -20,17 +20,27 @@ cd "$(dirname "$0")/.."
 VENV="${DSV41_TEST_VENV:-$HOME/.cache/dsv41-gfx942-plugin/venv-vllm-0.33.0}"
 PY="$VENV/bin/python"
 
-have_hip() {  # a ROCm compiler, or Debian's clang-19 with the HIP headers and device libraries
-  command -v hipcc >/dev/null && return 0
+have_hip() {  # what hip/build.py builds with: a ROCm compiler (on PATH, under $ROCM_PATH or
+  # /opt/rocm), or Debian's clang-19 with the HIP headers and device libraries
+  python3 -c "import sys; sys.path.insert(0, 'hip'); import build
+sys.exit(build.find_rocm_compiler() is None)" 2>/dev/null && return 0
   command -v clang++-19 >/dev/null && [ -f /usr/include/hip/hip_runtime.h ] &&
     { [ -f /usr/lib/x86_64-linux-gnu/amdgcn/bitcode/ockl.bc ] || [ -f /usr/lib/amdgcn/bitcode/ockl.bc ]; }
 }
-if { ! have_hip || ! python3 -c "import ensurepip" 2>/dev/null; } && command -v apt-get >/dev/null; then
-  echo "== installing the HIP toolchain (clang-19, HIP headers, ROCm device libraries), python3-venv"
+cached_venv_ok() {
+  [ -x "$PY" ] && "$PY" -c "import importlib.metadata as m; assert m.version('vllm') == '0.33.0'; import vllm, pytest" 2>/dev/null
+}
+PKGS=""
+have_hip || PKGS="clang-19 lld-19 llvm-19 libamdhip64-dev rocm-device-libs"
+if [ -z "${DSV41_TEST_VENV:-}" ] && ! cached_venv_ok && ! python3 -c "import ensurepip" 2>/dev/null; then
+  PKGS="$PKGS python3-venv"  # the venv below is made
+fi
+if [ -n "$PKGS" ] && command -v apt-get >/dev/null; then
+  echo "== installing $PKGS"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
-  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-    clang-19 lld-19 llvm-19 libamdhip64-dev rocm-device-libs python3-venv >/dev/null
+  # shellcheck disable=SC2086
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $PKGS >/dev/null
 fi
 
 if [ -n "${DSV41_TEST_VENV:-}" ]; then
@@ -48,7 +58,7 @@ except m.PackageNotFoundError:
     v = "none"
 sys.exit(0 if vllm_supported(v) else f"DSV41_TEST_VENV={sys.prefix} holds vLLM {v}, not 0.33.x")
 PY
-elif ! { [ -x "$PY" ] && "$PY" -c "import importlib.metadata as m; assert m.version('vllm') == '0.33.0'; import vllm, pytest" 2>/dev/null; }; then
+elif ! cached_venv_ok; then
   echo "== creating $VENV with vllm==0.33.0"
   rm -rf "$VENV"
   python3 -m venv "$VENV"

@@ -311,10 +311,11 @@ def test_out_of_memory_in_the_comparison_is_no_broken_configuration(monkeypatch)
     assert took and len(F._settled) == 1
 
 
-def test_out_of_memory_in_vllms_loop_after_the_base_logits_is_marked(monkeypatch):
-    """vLLM's own loop (from this step's base logits) finds no memory: the error leaves the
-    fused call marked ``dsv41_after_base``, for the patch to raise to vLLM rather than run the
-    whole step again (tests/test_speculator_patch.py)."""
+def test_out_of_memory_in_vllms_loop_after_the_base_logits_goes_to_vllm(monkeypatch, clean_plugin):
+    """vLLM's own loop (from this step's base logits) finds no memory: the error reaches vLLM
+    through the patch, marked ``dsv41_after_base``, not a second run of vLLM's whole step (a
+    second all-gather); the step is counted once."""
+    from dsv41_gfx942_plugin import speculator
 
     def no_memory(*args):
         raise torch.OutOfMemoryError("no memory")
@@ -324,8 +325,67 @@ def test_out_of_memory_in_vllms_loop_after_the_base_logits_is_marked(monkeypatch
     monkeypatch.setattr(F, "_scratch", no_memory)  # the scratch's OOM branch takes the loop
     spec, hidden = R.make_case(vocab=700, rows=3, n_spec=3, seed=86)
     with pytest.raises(torch.OutOfMemoryError) as err:
-        F.sample_sequential(spec, 3, hidden)
+        speculator._fused(spec, 3, hidden)
     assert err.value.dsv41_after_base
+    loop = "vLLM's loop from the base logits (out of memory)"
+    assert clean_plugin.stats()["fused_markov"] == {"taken": 0, "declined": 1, "reasons": {loop: 1}}
+
+
+def test_out_of_memory_in_vllms_draft_logits_goes_to_vllm(monkeypatch, clean_plugin):
+    """vLLM's own draft logits (the lm_head and its tensor-parallel all-gather) find no memory:
+    raised to vLLM, as without the plugin, not retried by vLLM's whole step; counted once."""
+    from dsv41_gfx942_plugin import speculator
+
+    def no_memory(*args):
+        raise torch.OutOfMemoryError("no memory")
+
+    spec, hidden = R.make_case(vocab=700, rows=3, n_spec=3, seed=89)
+    monkeypatch.setattr(spec.model, "compute_draft_logits", no_memory)
+    with pytest.raises(torch.OutOfMemoryError) as err:
+        speculator._fused(spec, 3, hidden)
+    assert err.value.dsv41_after_base
+    why = "out of memory in vLLM's draft logits"
+    assert clean_plugin.stats()["fused_markov"] == {"taken": 0, "declined": 1, "reasons": {why: 1}}
+
+
+def test_vllms_loop_runs_once_the_failed_step_is_freed(monkeypatch):
+    """The loop that finishes a step whose comparison found no memory runs after the handler has
+    let go of the failed comparison's frames (their copies: up to about 400 MiB)."""
+    import weakref
+
+    held, freed = [], []
+    real = F._loop_rest
+
+    def first_step(*args, **kwargs):
+        copy = torch.empty(1000)
+        held.append(weakref.ref(copy))
+        raise torch.OutOfMemoryError("no memory")
+
+    def loop(*args):
+        freed.append(held[0]() is None)
+        return real(*args)
+
+    monkeypatch.setattr(C, "first_step", first_step)
+    monkeypatch.setattr(F, "_loop_rest", loop)
+    spec, hidden = R.make_case(vocab=700, rows=3, n_spec=3, seed=90)
+    assert F.sample_sequential(spec, 3, hidden) and freed == [True]
+
+
+def test_the_probe_under_a_bf16_default_dtype():
+    """vLLM builds its model under a bf16 default dtype: the probe's temperatures take the
+    speculator's dtype, and everything is restored."""
+    spec, _ = R.make_case(vocab=700, rows=5, n_spec=3, inert=1.0, seed=91)
+    before = spec.temperature.clone()
+    sel = torch.tensor([0, 2, 4])
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with C._live(spec, 5, 3, sel):
+            want = torch.tensor(C.PROBE_TEMPERATURES[:3], dtype=spec.temperature.dtype)
+            assert torch.equal(spec.temperature[sel], want)
+    finally:
+        torch.set_default_dtype(old)
+    assert torch.equal(spec.temperature, before)
 
 
 def test_capture_before_the_comparison_declines(monkeypatch):

@@ -44,10 +44,11 @@ def _fused(spec, num_reqs: int, head_hidden) -> bool:
     and stays off in this process, and vLLM's loop runs (rewriting every token and cached logit
     the fused path may have touched), so a plugin bug never takes the server down. Running out of
     GPU memory is no bug (vLLM's own draft logits, which the fused path asks for, raise it as
-    well): that step takes vLLM's loop, and the next tries the fused path again. Once the step's
-    base logits exist, the fused path finishes it with vLLM's loop itself (computing them again
-    would repeat a tensor-parallel all-gather on this rank alone), and an out of memory there,
-    in vLLM's own loop, goes to vLLM as it would without the plugin."""
+    well): that step takes vLLM's loop, and the next tries the fused path again. Once the fused
+    path has asked for the step's base logits, it finishes the step itself (computing them again
+    would repeat the lm_head's tensor-parallel all-gather on this rank alone), and an error that
+    vLLM's own op or loop raises there (marked ``dsv41_after_base``) goes to vLLM as it would
+    without the plugin."""
     global _fused_failed
     try:
         from .ops import fused_markov  # inside: an import that fails is a failure like any other
@@ -55,17 +56,18 @@ def _fused(spec, num_reqs: int, head_hidden) -> bool:
         if fused_markov.sample_sequential(spec, num_reqs, head_hidden):
             return True
         counters.record(HOOK, False, "fused path declined")
-    except torch.OutOfMemoryError as e:
-        counters.record(HOOK, False, "out of memory")
+    except Exception as e:
         if getattr(e, "dsv41_after_base", False):
-            raise  # in vLLM's loop from this step's base logits (fused_markov._rest)
-        logger.warning_once("dsv41_gfx942: out of GPU memory in a fused Markov step; that step "
-                            "takes vLLM's loop (logged once)")  # fmt: skip
-    except Exception:
-        _fused_failed = True
-        counters.record(HOOK, False, "raised")
-        logger.exception("dsv41_gfx942: the fused Markov path raised; it stays off in this "
-                         "process and vLLM's loop runs instead")  # fmt: skip
+            raise  # vLLM's own op or loop, past the step's base logits (counted by fused_markov)
+        if isinstance(e, torch.OutOfMemoryError):
+            counters.record(HOOK, False, "out of memory")
+            logger.warning_once("dsv41_gfx942: out of GPU memory in a fused Markov step; that "
+                                "step takes vLLM's loop (logged once)")  # fmt: skip
+        else:
+            _fused_failed = True
+            counters.record(HOOK, False, "raised")
+            logger.exception("dsv41_gfx942: the fused Markov path raised; it stays off in this "
+                             "process and vLLM's loop runs instead")  # fmt: skip
     return False
 
 

@@ -160,11 +160,11 @@ def _live(spec, num_reqs: int, n_spec: int, sel: torch.Tensor):
     idx_map = spec.sample_idx_mapping[:num_sample].view(num_reqs, n_spec)
     pos = spec.sample_pos[:num_sample].view(num_reqs, n_spec)
     saved = [(t, t.clone()) for t in (idx_map, pos, spec.temperature, spec.seeds)]
-    cached = spec.draft_logits[sel].clone()
+    cached = spec.draft_logits[sel]  # a copy (advanced indexing)
     try:
         idx_map[sel] = sel[:, None].to(idx_map.dtype)
         pos[sel] = 4097 + torch.arange(n_spec, device=pos.device, dtype=pos.dtype)
-        temps = torch.tensor(PROBE_TEMPERATURES, device=sel.device)
+        temps = torch.tensor(PROBE_TEMPERATURES, device=sel.device, dtype=spec.temperature.dtype)
         spec.temperature[sel] = temps[torch.arange(sel.numel(), device=sel.device) % temps.numel()]
         spec.seeds[sel] = (20261204 + 7919 * sel).to(spec.seeds.dtype)
         yield

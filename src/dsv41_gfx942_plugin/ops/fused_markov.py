@@ -318,7 +318,14 @@ def sample_sequential(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
     n_spec = spec.num_speculative_steps
     num_sample = num_reqs * n_spec
     sample_hidden = head_hidden[spec.sample_indices[:num_sample]]
-    base = spec.model.compute_draft_logits(sample_hidden)
+    try:
+        base = spec.model.compute_draft_logits(sample_hidden)
+    except torch.OutOfMemoryError as e:
+        # vLLM's own op, which raises without the plugin too; its lm_head's all-gather may have
+        # run already (the gathered rows are copied after it), so vLLM's step is not run again.
+        counters.record(counters.FUSED_MARKOV, False, "out of memory in vLLM's draft logits")
+        e.dsv41_after_base = True
+        raise
     head = spec.model.model.markov_head
     w1, w2 = head.markov_w1.weight, head.markov_w2.weight
     vocab = base.shape[-1]
@@ -340,6 +347,7 @@ def sample_sequential(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
         _log_once("no memory for the fused path's scratch")
         return _rest(spec, num_reqs, base, sample_hidden, "out of memory")
     base3 = base.view(num_reqs, n_spec, vocab)
+    failed = None  # why vLLM's loop finishes the step, once the handler below has let go
     try:
         if not _compare_now(key):
             _launch(spec, num_reqs, base3, w1, w2, cfg)
@@ -362,20 +370,23 @@ def sample_sequential(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
     except torch.OutOfMemoryError:
         # The comparison's copies (or a launch) found no memory: no broken configuration. This
         # step is vLLM's loop from its base logits, and the next tries the fused path again.
-        _scratch(spec, base.device, vocab)["win"].fill_(K.KEY_MIN.value)
         logger.warning_once("dsv41_gfx942: out of GPU memory in a fused Markov step; that step "
                             "takes vLLM's loop (logged once)")  # fmt: skip
-        return _rest(spec, num_reqs, base, sample_hidden, "out of memory")
+        failed = "out of memory"
     except Exception as e:
         # A launch that raises has not run: Triton compiles a configuration at its first launch
         # and raises CompilationError, OutOfResources, or a RuntimeError from its backend's passes
         # (Triton 3.6 on the H200, for a kernel its layout pass could not verify: "PassManager::run
-        # failed"). Earlier steps of this call may have run: clear their winners, and vLLM's loop
-        # rewrites every output.
-        logger.warning("dsv41_gfx942: fused Markov launch %s failed (%r)", key, e)
+        # failed"); so may the comparison. Earlier steps of this call may have run: clear their
+        # winners, and vLLM's loop rewrites every output.
+        logger.warning("dsv41_gfx942: fused Markov step %s failed (%r)", key, e)
         _broken.add(key)
+        failed = "step failed"
+    if failed is not None:
+        # Out of the handler, so that the failed step's frames (the comparison's copies, up to
+        # about 400 MiB) are freed before vLLM's loop runs.
         _scratch(spec, base.device, vocab)["win"].fill_(K.KEY_MIN.value)
-        return _rest(spec, num_reqs, base, sample_hidden, "launch failed")
+        return _rest(spec, num_reqs, base, sample_hidden, failed)
     return True
 
 
@@ -478,15 +489,15 @@ def _launch(spec, num_reqs: int, base: torch.Tensor, w1: torch.Tensor, w2: torch
 
 def _rest(spec, num_reqs: int, base: torch.Tensor, sample_hidden: torch.Tensor, why: str) -> bool:
     """:func:`_loop_rest` for a step whose base logits this call computed, counted as vLLM's
-    loop's (``why``). Where vLLM's loop itself runs out of memory, the error is marked
-    ``dsv41_after_base`` for the patch, which raises it to vLLM (as vLLM's own loop would)
+    loop's (``why``). An error vLLM's loop raises here (out of memory, say) is marked
+    ``dsv41_after_base`` for the patch, which raises it to vLLM, as vLLM's own loop would,
     instead of running vLLM's whole ``_sample_sequential`` again: that would compute the base
     logits a second time, through the lm_head's tensor-parallel all-gather, on this rank alone
     (a collective the other ranks do not match: a hang)."""
     counters.record(counters.FUSED_MARKOV, False, f"vLLM's loop from the base logits ({why})")
     try:
         return _loop_rest(spec, num_reqs, base, sample_hidden)
-    except torch.OutOfMemoryError as e:
+    except Exception as e:
         e.dsv41_after_base = True
         raise
 
