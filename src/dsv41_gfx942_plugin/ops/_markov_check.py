@@ -23,7 +23,7 @@ H200, 129280 tokens, 5 steps, eager: a first step (fused launches, vLLM's loop, 
 against 0.4-0.8 ms for the fused launches alone, and holds up to 314 MiB more at its peak (the
 copies of 64 rows and a group's temporaries; measured when the base logits of a batch of 64 rows
 or fewer were copied too: 82 MB of it at 64 rows, not copied since). From inert rows, with the
-probe (a plain case): 6.4-24.5 ms at 8-256 rows, against 3.2-11.6 without it, and up to 393 MiB
+probe (a plain case): 6.3-24.5 ms at 8-256 rows, against 3.1-11.6 without it, and up to 393 MiB
 at its peak, against 314 (it copies the compared slots' cached logits: 1.3 MB a slot).
 """
 
