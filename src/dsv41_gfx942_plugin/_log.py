@@ -8,3 +8,10 @@ from vllm.logger import init_logger
 LOGGER_NAME = "vllm.plugins.dsv41_gfx942"
 
 logger = init_logger(LOGGER_NAME)
+
+#: Warned once a process (``warning_once`` keys on the text) wherever a fused Markov step runs out
+#: of GPU memory: before its base logits (speculator.py) or after them (ops/fused_markov.py).
+MARKOV_OUT_OF_MEMORY = (
+    "dsv41_gfx942: out of GPU memory in a fused Markov step; that step takes vLLM's loop "
+    "(logged once)"
+)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 
 from . import counters, envs
-from ._log import logger
+from ._log import MARKOV_OUT_OF_MEMORY, logger
 
 HOOK = counters.FUSED_MARKOV
 
@@ -61,8 +61,7 @@ def _fused(spec, num_reqs: int, head_hidden) -> bool:
             raise  # vLLM's own op or loop, past the step's base logits (counted by fused_markov)
         if isinstance(e, torch.OutOfMemoryError):
             counters.record(HOOK, False, "out of memory")
-            logger.warning_once("dsv41_gfx942: out of GPU memory in a fused Markov step; that "
-                                "step takes vLLM's loop (logged once)")  # fmt: skip
+            logger.warning_once(MARKOV_OUT_OF_MEMORY)
         else:
             _fused_failed = True
             counters.record(HOOK, False, "raised")

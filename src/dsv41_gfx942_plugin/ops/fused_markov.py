@@ -36,7 +36,7 @@ import torch
 import triton
 
 from .. import counters
-from .._log import logger
+from .._log import MARKOV_OUT_OF_MEMORY, logger
 from . import _markov_check
 from . import _markov_kernels as K
 
@@ -370,8 +370,7 @@ def sample_sequential(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
     except torch.OutOfMemoryError:
         # The comparison's copies (or a launch) found no memory: no broken configuration. This
         # step is vLLM's loop from its base logits, and the next tries the fused path again.
-        logger.warning_once("dsv41_gfx942: out of GPU memory in a fused Markov step; that step "
-                            "takes vLLM's loop (logged once)")  # fmt: skip
+        logger.warning_once(MARKOV_OUT_OF_MEMORY)
         failed = "out of memory"
     except Exception as e:
         # A launch that raises has not run: Triton compiles a configuration at its first launch
