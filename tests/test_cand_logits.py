@@ -323,6 +323,54 @@ def test_candidate_logits_rejects_bad_shapes():
                                         case.weights[:, :16]})  # fmt: skip
 
 
+class _Launches:
+    """A stand-in for a Triton kernel: records ``[grid](*args, **meta)``."""
+
+    def __init__(self, name: str, log: list):
+        self.name, self.log = name, log
+
+    def __getitem__(self, grid):
+        return lambda *args, **meta: self.log.append((self.name, grid, meta))
+
+
+@pytest.mark.parametrize(("fp8", "kernel"), [(torch.float8_e4m3fnuz, "gfx942"),
+                                             (torch.float8_e4m3fn, "portable")])  # fmt: skip
+@pytest.mark.parametrize("per_program", [1, 3])
+def test_candidate_logits_launch(monkeypatch, fp8, kernel, per_program):
+    """Which kernel a platform gets (gfx942's FP8 picks the gfx942 kernel, any other the twin)
+    and a grid whose programs cover every row's columns (row r's ceil(columns / Columns) column
+    groups, StagesPerProgram a program), with draft rows (next_n 3) and 1-D or 2-D lengths."""
+    log = []
+    monkeypatch.setattr(cand_logits, "_cand_logits_gfx942", _Launches("gfx942", log))
+    monkeypatch.setattr(cand_logits, "_cand_logits_portable", _Launches("portable", log))
+    monkeypatch.setattr(cand_logits, "_fp8_dtype", lambda: fp8)
+    rows, blocks, cand_block = 6, 37, 8  # 296 columns a row: not a multiple of any tile
+    row_len = blocks * cand_block
+    for seq_lens in (torch.full((2,), 300, dtype=torch.int32),
+                     torch.full((2, 3), 300, dtype=torch.int32)):  # fmt: skip
+        log.clear()
+        cand_logits.candidate_logits(
+            torch.zeros(rows, 64, 128, dtype=fp8), strided_cache(8, 64, 128, 0, "cpu"),
+            torch.zeros(rows, 64), seq_lens, 3, torch.zeros(2, 8, dtype=torch.int32),
+            torch.zeros(rows, blocks, dtype=torch.int32), cand_block,
+            torch.empty(rows, row_len), torch.empty(rows, row_len, dtype=torch.int32),
+            per_program,
+        )  # fmt: skip
+        [(name, grid, meta)] = log
+        columns = _cand_kernels.COLUMNS if kernel == "gfx942" else _cand_kernels.TWIN_COLUMNS
+        splits = math.ceil(math.ceil(row_len / columns) / per_program)
+        assert name == kernel and grid == (rows * splits,)
+        assert meta["StagesPerProgram"] == per_program
+        assert meta["SeqLensIs2D"] == (seq_lens.dim() == 2)
+    with pytest.raises(ValueError, match="1-D per request"):  # 1-D lengths, one a row
+        cand_logits.candidate_logits(
+            torch.zeros(rows, 64, 128, dtype=fp8), strided_cache(8, 64, 128, 0, "cpu"),
+            torch.zeros(rows, 64), torch.full((6,), 300, dtype=torch.int32), 3,
+            torch.zeros(2, 8, dtype=torch.int32), torch.zeros(rows, blocks, dtype=torch.int32),
+            cand_block, torch.empty(rows, row_len), torch.empty(rows, row_len, dtype=torch.int32),
+        )  # fmt: skip
+
+
 # --------------------------------------------------------------------------------------------
 # CPU: the hook's gating
 # --------------------------------------------------------------------------------------------
@@ -364,6 +412,18 @@ REFUSED = {
     "page 1": dict(kv_cache=strided_cache(8, 1, 128, 0, "cpu")),
     "page stride 2": dict(kv_cache=strided_cache(8, 64, 128, 2, "cpu")),
     "cache 3-D": dict(kv_cache=torch.zeros(8, 64, 132, dtype=torch.uint8)),
+    # Layouts split_cache raises on (a ValueError would turn the hook off for the process).
+    "cache at a 2-byte offset": dict(
+        kv_cache=torch.zeros(8 * 64 * 132 + 2, dtype=torch.uint8)[2:].view(8, 64, 1, 132)
+    ),
+    "cache rows 136 bytes apart": dict(
+        kv_cache=torch.zeros(8, 64, 1, 136, dtype=torch.uint8)[..., :132]
+    ),
+    "cache bytes strided": dict(  # rows 132 bytes apart, each byte 2 apart: only stride(3)
+        kv_cache=torch.zeros(8 * 64 * 264, dtype=torch.uint8).as_strided(
+            (8, 64, 1, 132), (64 * 264, 132, 132, 2)
+        )
+    ),
     "weights fp16": dict(weights=torch.zeros(8, 64, dtype=torch.float16)),
     "weights strided": dict(weights=torch.zeros(8, 128)[:, ::2]),
     "weights short": dict(weights=torch.zeros(5, 64)),
@@ -394,6 +454,11 @@ def test_hook_takes_the_base_call():
     assert cand_logits._hook_takes(
         **hook_args(candidates=torch.zeros(8, 513, dtype=torch.int32), block_size=1)
     )
+    # Buffers of exactly the step's rows and requests (vLLM's at a full batch).
+    exact = dict(weights=torch.zeros(6, 64), candidates=torch.zeros(6, 2048, dtype=torch.int32),
+                 indices=torch.zeros(6, 512, dtype=torch.int32),
+                 block_table=torch.zeros(2, 8, dtype=torch.int32))  # fmt: skip
+    assert cand_logits._hook_takes(**hook_args(**exact))
 
 
 @pytest.fixture

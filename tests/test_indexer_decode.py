@@ -451,6 +451,11 @@ def test_candidate_logits_are_not_compared_inside_graph_capture(vllm_env, monkey
     run(vllm_env, plugin_layer, meta, q, n)
     assert vllm_env.calls == ["vllm:logits", "hook:candidate_top_k"]  # no candidate kernel
     assert not indexer._cand_checked and indexer._off == {}
+    # A variant compared before capture (in vLLM's eager warm-up) is captured: the hook serves.
+    indexer._cand_checked.add("compared")
+    vllm_env.calls.clear()
+    run(vllm_env, plugin_layer, meta, q, n)
+    assert vllm_env.calls == ["hook:candidate_logits_top_k"]
 
 
 def test_reader_with_few_live_candidates_pads_with_minus_one(vllm_env, monkeypatch):

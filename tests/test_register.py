@@ -60,6 +60,44 @@ def test_inactive_reasons_in_order(clean_plugin, fake_platform, monkeypatch, plu
     ]
 
 
+@pytest.mark.parametrize(("dunder", "status"), [
+    ("0.33.0", "active"),
+    ("0.32.1", "inactive: vLLM 0.32.1 is not supported (needs >=0.33,<0.34)"),
+    (None, "inactive: no vLLM version found (no distribution metadata, no vllm.__version__)"),
+])  # fmt: skip
+def test_vllm_without_metadata(clean_plugin, fake_platform, monkeypatch, plugin_log, dunder,
+                               status):  # fmt: skip
+    """A vLLM installed without its distribution metadata is judged by ``vllm.__version__``;
+    with neither, the plugin stays off with its INFO line (no ERROR, no traceback)."""
+    from importlib import metadata
+
+    import vllm
+
+    real = metadata.version
+
+    def version(name):
+        if name == "vllm":
+            raise metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(metadata, "version", version)
+    if dunder is None:
+        monkeypatch.delattr(vllm, "__version__", raising=False)
+    else:
+        monkeypatch.setattr(vllm, "__version__", dunder)
+    clean_plugin.register()
+    assert clean_plugin.status() == status
+    assert not [r for r in plugin_log.records if r.levelno >= logging.ERROR]
+
+
+def test_logger_is_vllms():
+    """Under "vllm", so vLLM's handler, format and VLLM_LOGGING_LEVEL apply (Python's
+    last-resort handler would drop the INFO lines)."""
+    from dsv41_gfx942_plugin import _log
+
+    assert _log.logger.name.startswith("vllm.")
+
+
 def test_off_switch_checked_before_platform(clean_plugin, monkeypatch):
     monkeypatch.setenv("DSV41_GFX942_DISABLE", "yes")
     monkeypatch.setattr("dsv41_gfx942_plugin.vllm_version", lambda: "1.0.0")
@@ -127,6 +165,93 @@ def test_status_names_the_global_switch(monkeypatch):
     """With DSV41_GFX942_DISABLE every patch is off by it, not by the unset family switches."""
     monkeypatch.setenv("DSV41_GFX942_DISABLE", "1")
     assert set(patches.check_all().values()) == {"turned off by DSV41_GFX942_DISABLE"}
+
+
+#: (patch, expectation, how) for every parameter list the ledger checks: "grown" by one
+#: parameter, and "reordered" (its last two swapped) where it has two.
+_SIGNATURE_CHANGES = [(patch, exp, how) for patch, _ in patches.PATCHES for exp in patch.expects
+                      if exp.params is not None
+                      for how in ("grown", "reordered")[: 1 + (len(exp.params) >= 2)]]  # fmt: skip
+
+
+def _with_params(names):
+    import inspect
+
+    def fake(*args, **kwargs):
+        return None
+
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    fake.__signature__ = inspect.Signature([inspect.Parameter(n, kind) for n in names])
+    return fake
+
+
+@pytest.mark.parametrize("case", range(len(_SIGNATURE_CHANGES)))
+def test_every_checked_signature_is_checked(monkeypatch, case):
+    """Each vLLM callable of the ledger with one more parameter, or its last two swapped (the
+    plugin calls several positionally): the patch does not fit, and the reason names it."""
+    patch, exp, how = _SIGNATURE_CHANGES[case]
+    names = list(exp.params) + ["extra"]
+    if how == "reordered":
+        names = [*exp.params[:-2], exp.params[-1], exp.params[-2]]
+    module, _, dotted = exp.path.partition(":")
+    parent, _, attr = dotted.rpartition(".")
+    owner = patching.resolve(f"{module}:{parent}" if parent else module)
+    assert patching.check(patch) is None
+    monkeypatch.setattr(owner, attr, _with_params(names))
+    reason = patching.check(patch)
+    assert reason is not None and exp.path in reason and "expected" in reason
+
+
+def _vllm_names_used(path) -> set[str]:
+    """Every "module:name[.attr]" of vLLM that the source file ``path`` imports or reads an
+    attribute of (``from vllm.x import y``; ``y.attr`` where y is a module or an object)."""
+    import ast
+    import importlib
+
+    tree = ast.parse(path.read_text())
+    modules, objects = {}, {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "vllm":
+            for alias in node.names:
+                name = alias.asname or alias.name
+                try:
+                    modules[name] = importlib.import_module(f"{node.module}.{alias.name}").__name__
+                except ImportError:
+                    objects[name] = f"{node.module}:{alias.name}"
+    used = set(objects.values())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            if node.value.id in modules:
+                used.add(f"{modules[node.value.id]}:{node.attr}")
+            elif node.value.id in objects:
+                used.add(f"{objects[node.value.id]}.{node.attr}")
+    return used
+
+
+def test_ledger_checks_every_vllm_name_the_indexer_uses():
+    """A name of vLLM that indexer.py uses and the indexer patch does not check would, changed
+    in a later 0.33.x, fail inside a decode step rather than skip the patch at start-up."""
+    from pathlib import Path
+
+    from dsv41_gfx942_plugin import indexer
+
+    expects = patches.INDEXER.expects
+    checked = {e.path for e in expects} | {e.is_class for e in expects if e.is_class}
+    used = _vllm_names_used(Path(indexer.__file__))
+    assert len(used) >= 15  # the parse found the indexer's imports
+    missing = {u for u in used if u not in checked and not any(c.startswith(u + ".")
+                                                              for c in checked)}  # fmt: skip
+    assert not missing
+
+
+def test_a_switched_off_patch_says_so_before_a_mismatch(monkeypatch):
+    """Status names the switch that turned a patch off, though its vLLM target also changed."""
+    from vllm.v1.worker.gpu.spec_decode.dspark.speculator import DSparkSpeculator
+
+    monkeypatch.setattr(DSparkSpeculator, "_sample_sequential", _with_params(["self", "x"]))
+    assert "expected" in patches.check_all()[SAMPLER]
+    monkeypatch.setenv("DSV41_GFX942_FUSED_MARKOV", "0")
+    assert patches.check_all()[SAMPLER] == "turned off by DSV41_GFX942_FUSED_MARKOV=0"
 
 
 def test_changed_signature_is_skipped_with_warning(clean_plugin, fake_platform, monkeypatch,
@@ -268,3 +393,16 @@ def test_register_swallows_internal_error(clean_plugin, fake_platform, monkeypat
     assert DeepseekV4Indexer.attn_cls is original  # what landed first was undone
     errors = [r for r in plugin_log.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "bug in the plugin" in (errors[0].exc_text or "")
+
+
+def test_register_survives_a_failing_undo(clean_plugin, fake_platform, monkeypatch):
+    """Registration fails and undoing it fails too: register() still returns."""
+
+    def fail():
+        raise RuntimeError("bug in the plugin")
+
+    with monkeypatch.context() as mp:  # the fixture's own undo runs after it
+        mp.setattr(clean_plugin, "_register", fail)
+        mp.setattr(patching, "undo_all", fail)
+        clean_plugin.register()  # must not raise
+    assert clean_plugin.status() == "inactive: internal error"

@@ -17,11 +17,21 @@ SUPPORTED_VLLM = ((0, 33), (0, 34))
 _status: str | None = None
 
 
-def vllm_version() -> str:
-    """The installed vLLM's version, from its distribution metadata."""
-    from importlib.metadata import version
+def vllm_version() -> str | None:
+    """The installed vLLM's version: from its distribution metadata, else (a build installed
+    without metadata) its ``vllm.__version__``; None when neither is there."""
+    import importlib
+    from importlib import metadata
 
-    return version("vllm")
+    try:
+        return metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        pass
+    try:
+        version = importlib.import_module("vllm").__version__
+    except (ImportError, AttributeError):
+        return None
+    return version if isinstance(version, str) else None
 
 
 def vllm_supported(version: str) -> bool:
@@ -45,6 +55,8 @@ def inactive_reason() -> str | None:
     if envs.disabled():
         return "turned off by DSV41_GFX942_DISABLE"
     version = vllm_version()
+    if version is None:
+        return "no vLLM version found (no distribution metadata, no vllm.__version__)"
     if not vllm_supported(version):
         return f"vLLM {version} is not supported (needs >=0.33,<0.34)"
     platforms = importlib.import_module("vllm.platforms")

@@ -30,15 +30,15 @@ def _section(title: str) -> None:
 
 
 def _versions() -> None:
-    from . import vllm_supported
+    from . import vllm_supported, vllm_version
 
     _section("Versions")
-    try:
-        vllm = metadata.version("vllm")
+    vllm = vllm_version()
+    if vllm is None:
+        print("  vllm    no version found (needs >=0.33,<0.34)")
+    else:
         print(f"  vllm    {vllm}: {'supported' if vllm_supported(vllm) else 'NOT supported'}"
               " (needs >=0.33,<0.34)")  # fmt: skip
-    except metadata.PackageNotFoundError:
-        print("  vllm    not installed (needs >=0.33,<0.34)")
     print(f"  torch   {_dist_version('torch')}")
     print(f"  triton  {_dist_version('pytorch-triton-rocm', 'triton')}")
     print(f"  plugin  {_dist_version('dsv41-gfx942-plugin')}")
