@@ -137,7 +137,8 @@ class CandidateLogitsTopK:
     declines padded steps, as the real hook does. Given a ``check``, it hands it the compact
     rows first (each candidate column's logit and id; past the row's end id -1 and logit -inf,
     as the real kernel writes them), and declines when the check does. ``skew``: "last bit"
-    flips the last bit of one live logit, "zero sign" the sign of a live zero."""
+    flips the last bit of one live logit, "last bit at 0" that of column 0's, "zero sign" the
+    sign of a live zero."""
 
     def __init__(self, paged_logits: PagedLogits, skew: str = ""):
         self.paged_logits, self.skew = paged_logits, skew
@@ -158,7 +159,8 @@ class CandidateLogitsTopK:
                               cols, -1).int()  # fmt: skip
             compact = logits.gather(1, ids.clamp(min=0).long()).masked_fill(ids < 0, NEG)
             if self.skew:
-                bit, at = (1, ids >= 0) if self.skew == "last bit" else (1 << 31, compact == 0)
+                bit, at = {"last bit": (1, ids >= 0), "last bit at 0": (1, ids == 0),
+                           "zero sign": (1 << 31, compact == 0)}[self.skew]  # fmt: skip
                 r, c = torch.nonzero(at & (ids >= 0))[0].tolist()
                 compact[r, c] = (compact[r, c].view(torch.int32) ^ bit).view(torch.float32)
             if not check(compact, ids):

@@ -208,9 +208,10 @@ def test_taking_hooks_match_vllm_decode_branch(vllm_env, monkeypatch, kind, case
     assert counters.stats()["indexer_decode"]["taken"] == 1
 
 
+@pytest.mark.parametrize("case", ["mtp_2d", "lens_1d"])
 @pytest.mark.parametrize("kind", ["plain", "writer", "reader"])
-def test_declining_hooks_leave_vllms_op_at_each_place(vllm_env, monkeypatch, kind):
-    plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, kind, "mtp_2d")
+def test_declining_hooks_leave_vllms_op_at_each_place(vllm_env, monkeypatch, kind, case):
+    plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, kind, case)
     install_hooks(monkeypatch, vllm_env, take=False)
     run(vllm_env, oracle_layer, meta, q, n, plugin=False)
     oracle_calls = list(vllm_env.calls)
@@ -329,12 +330,15 @@ def test_candidate_logits_declined_where_vllm_takes_its_torch_logits(vllm_env, m
                      oracle_layer.topk_indices_buffer[: meta.num_decode_tokens])  # fmt: skip
 
 
-def test_first_candidate_logits_are_compared_with_vllms_dense_logits(vllm_env, monkeypatch,
-                                                                     plugin_log):  # fmt: skip
+@pytest.mark.parametrize("check_rows", [64, 3])
+def test_first_candidate_logits_are_compared_with_vllms_dense_logits(
+    vllm_env, monkeypatch, plugin_log, check_rows
+):
     """The process's first candidate-logits call hands the hook a check against vLLM's dense
     logits of the step (one more call of vLLM's logits); equal, the hook serves, and later
-    calls are not checked."""
+    calls are not checked. With ``check_rows`` 3 the 8 rows are compared 3 at a time."""
     monkeypatch.setattr(indexer, "_cand_checked", set())
+    monkeypatch.setattr(indexer, "CHECK_ROWS", check_rows)
     plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "reader", "mtp_2d")
     install_hooks(monkeypatch, vllm_env, take=True)
     run(vllm_env, oracle_layer, meta, q, n, plugin=False)
@@ -418,13 +422,18 @@ def test_candidate_logits_of_too_few_columns_are_not_judged(vllm_env, monkeypatc
     assert indexer._cand_checked
 
 
-def test_candidate_logits_that_differ_from_vllms_stay_off(vllm_env, monkeypatch, plugin_log):
-    """One last-bit difference at one candidate column: the hook declines (vLLM's dense logits,
-    mask or candidate top-k, and top-k serve, the same index sets as vLLM's) and stays off."""
+@pytest.mark.parametrize("skew", ["last bit", "last bit at 0"])
+def test_candidate_logits_that_differ_from_vllms_stay_off(vllm_env, monkeypatch, plugin_log,
+                                                          skew):  # fmt: skip
+    """One last-bit difference at one candidate column (the first live one, or column 0): the
+    hook declines (vLLM's dense logits, mask or candidate top-k, and top-k serve, the same
+    index sets as vLLM's) and stays off."""
     monkeypatch.setattr(indexer, "_cand_checked", set())
     plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "reader", "mtp_2d")
+    for layer in (plugin_layer, oracle_layer):
+        layer.candidate_blocks[0, 0] = 0  # column 0 is a live candidate of row 0
     install_hooks(monkeypatch, vllm_env, take=True)
-    _skewed_hook(monkeypatch, vllm_env, "last bit")
+    _skewed_hook(monkeypatch, vllm_env, skew)
     run(vllm_env, oracle_layer, meta, q, n, plugin=False)
     first = ["hook:candidate_logits_top_k", "vllm:logits", "hook:candidate_top_k"]
     for expected in (first, ["vllm:logits", "hook:candidate_top_k"]):
@@ -663,3 +672,120 @@ def test_first_decode_step_is_logged_once(vllm_env, monkeypatch, plugin_log):
             run(vllm_env, layer, meta, q, n_dec)
     lines = [r.getMessage() for r in plugin_log.records if "first decode step" in r.getMessage()]
     assert len(lines) == 1 and "indexer_decode 2/2" in lines[0]
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+@pytest.mark.parametrize("ratio", [1, 2, 4])
+@pytest.mark.parametrize("module", [True, False])
+def test_dense_logits_kernel_as_vllm_chooses_it(monkeypatch, page_size, ratio, module):
+    """``_dense_is_aiter_gluon`` says True exactly where vLLM's ``rocm_fp8_paged_mqa_logits``
+    (run here on gfx942 with AITER on, its kernels replaced by recorders) takes AITER's
+    preshuffled Gluon kernel, the one the candidate logits mirror."""
+    from vllm._aiter_ops import rocm_aiter_ops
+    from vllm.v1.attention.ops import rocm_aiter_mla_sparse as rocm
+
+    taken = []
+
+    def aiter_kernel(*args, Preshuffle, **kwargs):
+        taken.append("aiter preshuffled" if Preshuffle else "aiter flat")
+
+    class Workspace:
+        def get_simultaneous(self, *specs):
+            return [torch.empty(shape, dtype=dtype) for shape, dtype in specs]
+
+    aiter = types.SimpleNamespace(__name__="aiter", deepgemm_fp8_paged_mqa_logits=aiter_kernel)
+    monkeypatch.setattr(rocm, "_ON_GFX942", True)
+    monkeypatch.setattr(rocm, "paged_mqa_logits_module", lambda: aiter if module else None)
+    monkeypatch.setattr(rocm_aiter_ops, "is_enabled", classmethod(lambda cls: True))
+    monkeypatch.setattr(rocm, "current_workspace_manager", Workspace)
+    for name in ("rocm_fp8_paged_mqa_logits_triton", "fp8_paged_mqa_logits_torch"):
+        monkeypatch.setattr(rocm, name, lambda *a, name=name, **k: taken.append(name))
+    cache = torch.zeros(4, page_size, 1, DIM + 4, dtype=torch.uint8)
+    q = torch.zeros(2, 1, HEADS, DIM)
+    rocm.rocm_fp8_paged_mqa_logits(
+        q, cache, torch.ones(2, HEADS), torch.full((2,), 64, dtype=torch.int32),
+        torch.zeros(2, 4, dtype=torch.int32), None, 256, compress_ratio=ratio,
+    )  # fmt: skip
+    assert len(taken) == 1
+    assert indexer._dense_is_aiter_gluon(cache, ratio) is (taken == ["aiter preshuffled"])
+
+
+def test_dense_logits_called_as_vllm_calls_them(vllm_env, monkeypatch):
+    """The plugin's decode path calls vLLM's dense logits with vLLM's own arguments (the
+    stand-in ignores most of them, so only a record of them tells)."""
+    from vllm.v1.attention.ops import rocm_aiter_mla_sparse as rocm
+
+    asked = []
+
+    def record(*args, **kwargs):
+        asked.append((args, kwargs))
+        return vllm_env.logits(*args, **kwargs)
+
+    monkeypatch.setattr(rocm, "rocm_fp8_paged_mqa_logits", record)
+    plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "plain", "mtp_2d")
+    for layer in (plugin_layer, oracle_layer):
+        layer.compress_ratio = 2
+    install_hooks(monkeypatch, vllm_env, take=True)
+    run(vllm_env, oracle_layer, meta, q, n, plugin=False)
+    run(vllm_env, plugin_layer, meta, q, n)
+    (want_args, want_kw), (got_args, got_kw) = asked
+    assert len(got_args) == len(want_args) and got_kw.keys() == want_kw.keys()
+    for got, want in zip(
+        (*got_args, *got_kw.values()), (*want_args, *want_kw.values()), strict=True
+    ):
+        if isinstance(want, torch.Tensor):
+            assert got.shape == want.shape and torch.equal(got, want)
+        else:
+            assert got == want
+    assert got_kw["compress_ratio"] == 2
+
+
+def test_cand_logits_switch_off_keeps_vllms_logits(vllm_env, monkeypatch):
+    """DSV41_GFX942_CAND_LOGITS=0 with the top-k on: a reader layer takes vLLM's dense logits
+    and the candidate top-k, never the candidate-logits hook."""
+    monkeypatch.setenv("DSV41_GFX942_CAND_LOGITS", "0")
+    plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "reader", "mtp_2d")
+    install_hooks(monkeypatch, vllm_env, take=True)
+    run(vllm_env, oracle_layer, meta, q, n, plugin=False)
+    vllm_env.calls.clear()
+    run(vllm_env, plugin_layer, meta, q, n)
+    assert vllm_env.calls == ["vllm:logits", "hook:candidate_top_k"]
+    assert_same_rows(plugin_layer.topk_indices_buffer, oracle_layer.topk_indices_buffer)
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_code_object_loaded_when_a_layer_is_built(vllm_env, monkeypatch, on):
+    """Model load, not the first decode step (which may be inside graph capture), loads the
+    top-k kernels; with DSV41_GFX942_TOPK=0 nothing loads them."""
+    if not on:
+        monkeypatch.setenv("DSV41_GFX942_TOPK", "0")
+    builds = []
+    monkeypatch.setattr(topk, "build", lambda: builds.append(1) or True)
+    make_layer(vllm_env, "plain", 4)
+    assert builds == ([1] if on else [])
+
+
+def test_candidate_logits_of_zero_are_not_proof(vllm_env, monkeypatch):
+    """A warm-up step's zeroed queries make every dense logit 0: however many live columns
+    compare equal, nothing meaningful was compared, so the hook declines, unjudged."""
+    monkeypatch.setattr(indexer, "_cand_checked", set())
+    monkeypatch.setattr(indexer, "MIN_COMPARED", 1)
+    plugin_layer, _, meta, q, n = pair(vllm_env, "reader", "mtp_2d")
+    install_hooks(monkeypatch, vllm_env, take=True)
+    run(vllm_env, plugin_layer, meta, torch.zeros_like(q), n)
+    assert vllm_env.calls == ["hook:candidate_logits_top_k", "vllm:logits",
+                              "hook:candidate_top_k"]  # fmt: skip
+    assert not indexer._cand_checked and indexer._off == {}
+
+
+def test_candidate_logits_nan_where_vllms_are_nan_serve(vllm_env, monkeypatch):
+    """NaN in the compact rows where vLLM's dense logits hold NaN too is equal (the top-k ranks
+    both alike): the hook serves."""
+    monkeypatch.setattr(indexer, "_cand_checked", set())
+    plugin_layer, _, meta, q, n = pair(vllm_env, "reader", "mtp_2d")
+    plugin_layer.candidate_blocks[0, 0] = 3
+    vllm_env.logits.proj[:, 3 * CB] = float("nan")  # column 24: NaN in every row, both paths
+    install_hooks(monkeypatch, vllm_env, take=True)
+    run(vllm_env, plugin_layer, meta, q, n)
+    assert vllm_env.calls == ["hook:candidate_logits_top_k", "vllm:logits"]
+    assert indexer._cand_checked and indexer._off == {}

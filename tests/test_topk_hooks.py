@@ -24,8 +24,11 @@ class Recorder:
 
 
 class FakeScratch:
+    """Hands out a buffer of the size asked, and keeps the last one (``buf``)."""
+
     def get(self, device, numel):
-        return torch.empty(numel, dtype=torch.int32)
+        self.buf = torch.empty(numel, dtype=torch.int32)
+        return self.buf
 
 
 @pytest.fixture
@@ -77,6 +80,36 @@ def test_decode_wide_rows(calls, width):
     assert calls[-1][0] == merge and calls[-1][1] == (1, 2, 1)
 
 
+def test_mtp_lengths_one_a_row_are_taken(calls):
+    """vLLM's native MTP hands 2-D (requests, next_n) lengths: one a row, 6 for 3 x 2 rows."""
+    logits, _, _, idx = decode_inputs()
+    seq = torch.full((3, 2), 131072, dtype=torch.int32)
+    cands = torch.zeros(6, 2048, dtype=torch.int32)
+    assert topk.decode_top_k(logits, 2, seq, idx, 512)
+    assert topk.candidate_top_k(logits, 2, seq, cands, 8, idx, 512)
+    assert topk.select_candidates(logits, 2, seq, 8, cands)
+    assert len(calls) == 4
+
+
+@pytest.mark.parametrize(("rows", "width"), [(6, 131072), (3, 1 << 20), (2, 40000)])
+def test_decode_scratch_holds_every_launchs_keys(calls, rows, width):
+    """The keys and ids each launch writes (chunks: 1,024 slots a chunk, first merge: a unit a
+    group) lie inside the scratch the call asked for, without overlap."""
+    logits, next_n, seq, idx = decode_inputs(rows=rows, width=width)
+    assert topk.decode_top_k(logits, next_n, seq, idx, 512)
+    base = topk._scratch.buf.data_ptr()
+    end = base + 4 * topk._scratch.buf.numel()
+    slots = rows * topk.CHUNK_SLOTS
+    chunks = calls[0][1][0]
+    regions = [(calls[0][3][8], slots * chunks), (calls[0][3][9], slots * chunks)]
+    if calls[1][0] == "dsv_topk512_merge":  # the first merge's output
+        groups = calls[1][1][0]
+        regions += [(calls[1][3][13], slots * groups), (calls[1][3][14], slots * groups)]
+    spans = sorted((start, start + 4 * n) for start, n in regions)
+    assert spans[0][0] >= base and spans[-1][1] <= end
+    assert all(a[1] <= b[0] for a, b in zip(spans[:-1], spans[1:], strict=True))
+
+
 def test_decode_one_chunk_is_one_launch(calls):
     logits, next_n, seq, idx = decode_inputs(width=16384)
     assert topk.decode_top_k(logits, next_n, seq, idx, 512)
@@ -117,6 +150,7 @@ def test_decode_unaligned_rows_take_general_path(calls, cut):
         "idx_other_device",
         "lens_3d",
         "next_n_float",
+        "2d_lens_short",
     ],
 )
 def test_decode_refuses(calls, change, monkeypatch):
@@ -162,6 +196,8 @@ def test_decode_refuses(calls, change, monkeypatch):
         seq = seq.view(6, 1, 1)
     elif change == "next_n_float":
         next_n = 1.0
+    elif change == "2d_lens_short":  # 2-D lengths are one a row: 3 for 6 rows, whatever next_n
+        seq, next_n = torch.full((3, 1), 5, dtype=torch.int32), 2
     elif change == "no_scratch":  # during graph capture the scratch cannot grow
         monkeypatch.setattr(topk._scratch, "get", lambda device, numel: None)
     assert topk.decode_top_k(logits, next_n, seq, idx, topk_tokens) is False
@@ -247,6 +283,7 @@ def test_select_gating(calls):
     assert not topk.select_candidates(logits, 3, seq, 8, torch.zeros(6, 4097, dtype=torch.int32))
     assert not topk.select_candidates(logits, 3, seq, 8, cands.flatten())
     assert not topk.select_candidates(logits, 3, seq, 8, None)
+    assert not topk.select_candidates(logits, 3, seq.to("meta"), 8, cands)
     assert calls == []
     assert topk.select_candidates(logits, 3, seq, 8, cands)
     assert calls[0][0] == "dsv_select_blocks" and calls[0][3][4] == 3  # one length a request
