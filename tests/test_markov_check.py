@@ -211,6 +211,35 @@ def test_an_inert_first_comparison_makes_rows_live(wrong, monkeypatch):
         assert F._check_failed is None and len(F._checked) == 1 and F._settled == set()
 
 
+@pytest.mark.parametrize("rows,wrong", [(5, False), (5, True), (70, False)])
+def test_a_first_comparison_without_noise_makes_rows_live(rows, wrong, monkeypatch):
+    """An eager server's first batch may hold only temperature-0 requests: live rows with cached
+    logits, no noise. That comparison must not settle a sampled configuration whose noisy path
+    it never ran: the probe makes the compared rows live with noise first (every other row inert
+    for it: 70 rows, 6 of them not compared), so kernels wrong only where noise is drawn are
+    caught; either way the step's output is vLLM's loop's and the probe's changes are undone."""
+
+    def launch(spec, *args, **kwargs):
+        REAL_LAUNCH(spec, *args, **kwargs)
+        slot = int(spec.sample_idx_mapping[1])  # row 0
+        if wrong and slot >= 0 and float(spec.temperature[slot]) != 0:
+            _raise_a_logit(spec)
+
+    monkeypatch.setattr(F, "_launch", launch)
+    spec, hidden = R.make_case(vocab=300, rows=rows, n_spec=3, temps=(0.0,), inert=0.0, seed=89)
+    state = ("sample_idx_mapping", "sample_pos", "temperature", "seeds")
+    before = {name: getattr(spec, name).clone() for name in state}
+    took, ref, out = R.run_both(spec, rows, hidden, F.sample_sequential, fused_only=False)
+    assert took and torch.equal(ref["tokens"], out["tokens"])
+    assert torch.equal(ref["cache"], out["cache"])
+    for name in state:
+        assert torch.equal(getattr(spec, name), before[name]), name
+    if wrong:
+        assert "row 0 step 1: a cached logit differs beyond a bias's last bit" in F._check_failed
+    else:
+        assert F._check_failed is None and len(F._settled) == 1
+
+
 def _next_token(spec):
     spec.draft_tokens[0, 0] = (spec.draft_tokens[0, 0] + 1) % 700
 

@@ -55,6 +55,7 @@ def test_draft_topk_path_is_vllms(calls):
     patched = make_sample_sequential(_original(calls))
     patched(_Spec(draft_topk=8, model_hook=lambda *a: calls.log.append("hook") or True), 4, None)
     assert calls.log == ["vllm"]
+    assert dsv41_gfx942_plugin.stats()["fused_markov"]["reasons"] == {"draft top-k path": 1}
 
 
 def test_model_hook_first_and_plugin_stands_aside(calls, monkeypatch, plugin_log):
@@ -62,8 +63,9 @@ def test_model_hook_first_and_plugin_stands_aside(calls, monkeypatch, plugin_log
 
     monkeypatch.setattr(indexer, "layers_built", 0)  # vLLM's --monokernel indexer was built
     patched = make_sample_sequential(_original(calls))
-    patched(_Spec(model_hook=lambda *a: calls.log.append("hook") or True), 4, None)
-    assert calls.log == ["hook"]
+    spec, hidden = _Spec(model_hook=lambda *a: calls.log.append(("hook", *a)) or True), object()
+    patched(spec, 4, hidden)
+    assert calls.log == [("hook", spec, 4, hidden)]  # vLLM's call: the speculator, rows, hidden
     served = [r.getMessage() for r in plugin_log.records if "served by" in r.getMessage()]
     assert len(served) == 1 and "--monokernel path" in served[0]
     assert "indexer by vLLM's own indexer class" in served[0]
@@ -102,6 +104,8 @@ def test_switch_off_skips_fused(calls, monkeypatch):
     patched = make_sample_sequential(_original(calls))
     patched(_Spec(), 4, None)
     assert calls.log == ["vllm"]
+    reasons = dsv41_gfx942_plugin.stats()["fused_markov"]["reasons"]
+    assert reasons == {"DSV41_GFX942_FUSED_MARKOV=0": 1}
 
 
 def test_fused_path_that_raises_is_turned_off_and_vllm_runs(calls, monkeypatch, plugin_log):

@@ -15,8 +15,9 @@ where the base logit dominates), in at most ``MAX_DIFFER`` of the compared value
 token may differ only where the cached value of one of the two tokens does; an argmax token (a
 greedy draft, temperature 0, an inert row) must hold vLLM's maximum logit within ``TOL``.
 vLLM's warm-up before it captures a step in a CUDA graph (whose replays are never compared) has
-every row inert: a sampled configuration's first comparison then makes the compared rows live
-for it (:func:`_live`), so that the sampled path a graph replays is the one compared.
+every row inert, and an eager server's first batch may hold only temperature-0 requests: a
+sampled configuration's first comparison with no compared row drawing noise makes the compared
+rows live for it (:func:`_live`), so that the sampled path later steps run is the one compared.
 
 H200, 129280 tokens, 5 steps, eager: a first step (fused launches, vLLM's loop, comparison) takes
 4.3-10.9 ms sampled (1-256 rows; 2.9-9.3 of it the comparison) and 3.9 ms greedy (256 rows),
@@ -134,15 +135,17 @@ def first_step(
     way. Returns None when :func:`compare` accepts the fused output, else why; and whether any
     compared row was live (vLLM's warm-up rows are all inert).
 
-    With ``probe``, a sampled step whose compared rows are all inert (vLLM's warm-up before it
-    captures the step in a CUDA graph, whose replays are never compared) is first compared with
-    those rows made live (:func:`_live`): cached logits, vLLM's noise and temperatures, the
-    sampled path that the graph will replay."""
+    With ``probe``, a sampled step none of whose compared rows draws noise (vLLM's warm-up
+    before it captures the step in a CUDA graph, whose replays are never compared, has every row
+    inert; an eager server's first batch may hold only temperature-0 requests) is first compared
+    with those rows made live (:func:`_live`): cached logits, vLLM's noise and temperatures, the
+    sampled path that later steps (and a graph's replays) run uncompared."""
     n_spec = base.shape[1]
     row_ids = _rows(num_reqs)
     sel = torch.tensor(row_ids, device=base.device)
-    idx = spec.sample_idx_mapping[: num_reqs * n_spec].view(num_reqs, n_spec)[sel]
-    if probe and spec.draft_logits is not None and not bool((idx >= 0).any()):
+    idx = spec.sample_idx_mapping[: num_reqs * n_spec].view(num_reqs, n_spec)[sel].long()
+    noisy = (idx >= 0) & (spec.temperature[idx.clamp(min=0)] != 0)
+    if probe and spec.draft_logits is not None and not bool(noisy.any()):
         with _live(spec, num_reqs, n_spec, sel):
             why, _ = _compare_step(spec, num_reqs, base, loop, fused, row_ids, sel)
         if why is not None:
@@ -153,15 +156,17 @@ def first_step(
 
 @contextlib.contextmanager
 def _live(spec, num_reqs: int, n_spec: int, sel: torch.Tensor):
-    """The rows ``sel`` live for the duration: each its own request slot, with
-    PROBE_TEMPERATURES, a seed and positions of its own; every value this changes, and the
-    slots' cached logits, restored after."""
+    """The rows ``sel`` live for the duration, every other row inert (a row left live could
+    share a slot with a compared row's): each its own request slot, with PROBE_TEMPERATURES, a
+    seed and positions of its own; every value this changes, and the slots' cached logits,
+    restored after."""
     num_sample = num_reqs * n_spec
     idx_map = spec.sample_idx_mapping[:num_sample].view(num_reqs, n_spec)
     pos = spec.sample_pos[:num_sample].view(num_reqs, n_spec)
     saved = [(t, t.clone()) for t in (idx_map, pos, spec.temperature, spec.seeds)]
     cached = spec.draft_logits[sel]  # a copy (advanced indexing)
     try:
+        idx_map.fill_(-1)
         idx_map[sel] = sel[:, None].to(idx_map.dtype)
         pos[sel] = 4097 + torch.arange(n_spec, device=pos.device, dtype=pos.dtype)
         temps = torch.tensor(PROBE_TEMPERATURES, device=sel.device, dtype=spec.temperature.dtype)
