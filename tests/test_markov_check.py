@@ -30,7 +30,7 @@ def _fresh(monkeypatch):
     monkeypatch.setattr(F, "_compare_now", lambda key: key not in F._settled)
     monkeypatch.setattr(F, "_checked", set())
     monkeypatch.setattr(F, "_settled", set())
-    monkeypatch.setattr(F, "_check_failed", None)
+    monkeypatch.setattr(F, "_off_reason", None)
 
 
 def _outputs(rows=2, steps=3, hot=True):
@@ -166,7 +166,7 @@ def test_the_real_kernels_pass_and_serve_without_the_loop(clean_plugin):
     for greedy in (False, True):
         spec, hidden = R.make_case(vocab=700, rows=5, n_spec=3, greedy=greedy, seed=81)
         took, ref, out = R.run_both(spec, 5, hidden, F.sample_sequential, fused_only=False)
-        assert took and F._check_failed is None and len(F._settled) == 1 + greedy
+        assert took and F._off_reason is None and len(F._settled) == 1 + greedy
         R.check_rule(spec, 5, R.model_base(spec, 5, hidden), R.model_bias_fn(spec), ref, out)
         took, ref, out = R.run_both(spec, 5, hidden, F.sample_sequential)  # no loop now
         assert took
@@ -206,9 +206,9 @@ def test_an_inert_first_comparison_makes_rows_live(wrong, monkeypatch):
     for name in state:
         assert torch.equal(getattr(spec, name), before[name]), name
     if wrong:
-        assert "row 0 step 1: a cached logit differs beyond a bias's last bit" in F._check_failed
+        assert "row 0 step 1: a cached logit differs beyond a bias's last bit" in F._off_reason
     else:
-        assert F._check_failed is None and len(F._checked) == 1 and F._settled == set()
+        assert F._off_reason is None and len(F._checked) == 1 and F._settled == set()
 
 
 @pytest.mark.parametrize("rows,wrong", [(5, False), (5, True), (70, False)])
@@ -235,9 +235,9 @@ def test_a_first_comparison_without_noise_makes_rows_live(rows, wrong, monkeypat
     for name in state:
         assert torch.equal(getattr(spec, name), before[name]), name
     if wrong:
-        assert "row 0 step 1: a cached logit differs beyond a bias's last bit" in F._check_failed
+        assert "row 0 step 1: a cached logit differs beyond a bias's last bit" in F._off_reason
     else:
-        assert F._check_failed is None and len(F._settled) == 1
+        assert F._off_reason is None and len(F._settled) == 1
 
 
 def _next_token(spec):
@@ -268,7 +268,7 @@ def test_a_wrong_row_past_the_first_tiles_fails(monkeypatch):
     spec, hidden = R.make_case(vocab=300, rows=70, n_spec=3, temps=(1.0,), inert=0.0, seed=86)
     took, ref, out = R.run_both(spec, 70, hidden, F.sample_sequential, fused_only=False)
     assert took and torch.equal(ref["cache"], out["cache"])
-    assert "row 69 step 2: a cached logit differs beyond a bias's last bit" in F._check_failed
+    assert "row 69 step 2: a cached logit differs beyond a bias's last bit" in F._off_reason
 
 
 @pytest.mark.parametrize("rows", [5, 70])
@@ -285,7 +285,7 @@ def test_base_logits_copied_only_for_a_subset(rows, monkeypatch):
     monkeypatch.setattr(C, "compare", compare)
     spec, hidden = R.make_case(vocab=300, rows=rows, n_spec=2, temps=(1.0,), inert=0.0, seed=87)
     took, ref, out = R.run_both(spec, rows, hidden, F.sample_sequential, fused_only=False)
-    assert took and F._check_failed is None
+    assert took and F._off_reason is None
     (base,) = seen
     assert base.shape[0] == min(rows, C.CHECK_ROWS) and base._is_view() == (rows <= C.CHECK_ROWS)
 
@@ -308,11 +308,11 @@ def test_wrong_kernels_fail_and_vllms_loop_serves(spoil, why, monkeypatch, plugi
     monkeypatch.setattr(F, "_launch", launch)
     spec, hidden = R.make_case(vocab=700, rows=3, n_spec=3, temps=(1.0,), inert=0.0, seed=82)
     took, ref, out = R.run_both(spec, 3, hidden, F.sample_sequential, fused_only=False)
-    assert took and why in F._check_failed
+    assert took and why in F._off_reason
     assert torch.equal(ref["tokens"], out["tokens"]) and torch.equal(ref["cache"], out["cache"])
     warned = [r for r in plugin_log.records if "differ from vLLM's loop" in r.getMessage()]
     assert [r.levelname for r in warned] == ["WARNING"]
-    T._assert_declines(spec, hidden, 3, F._check_failed, T._install_spy(monkeypatch), plugin_log)
+    T._assert_declines(spec, hidden, 3, F._off_reason, T._install_spy(monkeypatch), plugin_log)
 
 
 def test_out_of_memory_in_the_comparison_is_no_broken_configuration(monkeypatch):
@@ -333,7 +333,7 @@ def test_out_of_memory_in_the_comparison_is_no_broken_configuration(monkeypatch)
     took, ref, out = R.run_both(spec, 3, hidden, F.sample_sequential, fused_only=False)
     assert took and heads == [1, 1]  # vLLM's run, then the fused call's: once each
     assert torch.equal(ref["tokens"], out["tokens"]) and torch.equal(ref["cache"], out["cache"])
-    assert F._broken == set() and F._checked == set() and F._check_failed is None
+    assert F._broken == set() and F._checked == set() and F._off_reason is None
     assert (F._scratch(spec, torch.device("cpu"), 700)["win"] == -(2**63)).all()
     monkeypatch.setattr(C, "first_step", real)
     took, ref, out = R.run_both(spec, 3, hidden, F.sample_sequential, fused_only=False)
@@ -360,21 +360,79 @@ def test_out_of_memory_in_vllms_loop_after_the_base_logits_goes_to_vllm(monkeypa
     assert clean_plugin.stats()["fused_markov"] == {"taken": 0, "declined": 1, "reasons": {loop: 1}}
 
 
-def test_out_of_memory_in_vllms_draft_logits_goes_to_vllm(monkeypatch, clean_plugin):
-    """vLLM's own draft logits (the lm_head and its tensor-parallel all-gather) find no memory:
-    raised to vLLM, as without the plugin, not retried by vLLM's whole step; counted once."""
+@pytest.mark.parametrize(
+    "error,what",
+    [(torch.OutOfMemoryError, "out of memory"), (RuntimeError, "an error")],
+    ids=["oom", "runtime"],
+)
+def test_an_error_in_vllms_draft_logits_goes_to_vllm(error, what, monkeypatch, clean_plugin):
+    """vLLM's own draft logits (the lm_head and its tensor-parallel all-gather) raise, out of
+    memory or otherwise: raised to vLLM, as without the plugin, not retried by vLLM's whole step
+    (a second all-gather on this rank alone); counted once, and the fused path stays on."""
     from dsv41_gfx942_plugin import speculator
 
-    def no_memory(*args):
-        raise torch.OutOfMemoryError("no memory")
+    def fails(*args):
+        raise error("vLLM's op failed")
 
     spec, hidden = R.make_case(vocab=700, rows=3, n_spec=3, seed=89)
-    monkeypatch.setattr(spec.model, "compute_draft_logits", no_memory)
-    with pytest.raises(torch.OutOfMemoryError) as err:
+    monkeypatch.setattr(spec.model, "compute_draft_logits", fails)
+    with pytest.raises(error) as err:
         speculator._fused(spec, 3, hidden)
-    assert err.value.dsv41_after_base
-    why = "out of memory in vLLM's draft logits"
+    assert err.value.dsv41_after_base and not speculator._fused_failed
+    why = f"{what} in vLLM's draft logits"
     assert clean_plugin.stats()["fused_markov"] == {"taken": 0, "declined": 1, "reasons": {why: 1}}
+    assert F._off_reason is None
+
+
+def _bug(*args):
+    raise ValueError("a plugin bug")
+
+
+def _failing_winners_reset(monkeypatch):
+    """A launch that fails to compile, then the winners' reset after it raises."""
+    monkeypatch.setattr(F, "_launch", _bug)
+    real = F._scratch
+
+    class Win:
+        def fill_(self, value):
+            raise ValueError("a plugin bug")
+
+    monkeypatch.setattr(F, "_scratch", lambda *a: dict(real(*a), win=Win()))
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    [
+        lambda mp: mp.setattr(F, "_launch_key", _bug),
+        lambda mp: mp.setattr(F, "_scratch", _bug),
+        _failing_winners_reset,
+    ],
+    ids=["launch-key", "scratch", "winners-reset"],
+)
+def test_a_plugin_error_after_the_base_logits_finishes_with_vllms_loop(
+    spoil, monkeypatch, clean_plugin, plugin_log
+):
+    """The fused path raises, outside its launches' handler, once the step's base logits exist:
+    vLLM's loop finishes the step from them (computed once: running vLLM's whole step again
+    would repeat the lm_head's all-gather on this rank alone), vLLM's tokens and cache, one
+    ERROR, counted as vLLM's loop; the fused path then declines every step, computing nothing."""
+    from dsv41_gfx942_plugin import speculator
+
+    spec, hidden = R.make_case(vocab=700, rows=3, n_spec=3, seed=91)
+    heads = []
+    compute = spec.model.compute_draft_logits
+    monkeypatch.setattr(spec.model, "compute_draft_logits", lambda h: heads.append(1) or compute(h))
+    spoil(monkeypatch)
+    took, ref, out = R.run_both(spec, 3, hidden, speculator._fused, fused_only=False)
+    assert took and heads == [1, 1]  # vLLM's run, then the fused call's: once each
+    assert torch.equal(ref["tokens"], out["tokens"]) and torch.equal(ref["cache"], out["cache"])
+    assert F._off_reason.startswith("raised after the base logits (ValueError('a plugin bug'")
+    errors = [r for r in plugin_log.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "after the step's base logits" in errors[0].getMessage()
+    loop = {"vLLM's loop from the base logits (raised)": 1}
+    assert clean_plugin.stats()["fused_markov"] == {"taken": 0, "declined": 1, "reasons": loop}
+    heads.clear()
+    assert not F.sample_sequential(spec, 3, hidden) and heads == []
 
 
 def test_vllms_loop_runs_once_the_failed_step_is_freed(monkeypatch):

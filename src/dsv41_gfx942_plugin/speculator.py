@@ -45,8 +45,9 @@ def _fused(spec, num_reqs: int, head_hidden) -> bool:
     the fused path may have touched), so a plugin bug never takes the server down. Running out of
     GPU memory is no bug (vLLM's own draft logits, which the fused path asks for, raise it as
     well): that step takes vLLM's loop, and the next tries the fused path again. Once the fused
-    path has asked for the step's base logits, it finishes the step itself (computing them again
-    would repeat the lm_head's tensor-parallel all-gather on this rank alone), and an error that
+    path has asked for the step's base logits, it finishes the step itself, its own errors there
+    included (computing them again would repeat the lm_head's tensor-parallel all-gather on this
+    rank alone), and an error that
     vLLM's own op or loop raises there (marked ``dsv41_after_base``) goes to vLLM as it would
     without the plugin."""
     global _fused_failed

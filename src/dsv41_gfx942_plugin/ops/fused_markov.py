@@ -124,11 +124,11 @@ _broken: set = set()
 # Launch configurations compared with vLLM's loop (_markov_check) at least once (a graph may
 # capture them; a sampled one's first comparison with no row drawing noise makes rows live for
 # it), those compared on a step with a live row too (compared no more), and why the fused path
-# is off in this process when one differed (graphs already captured keep their launches: a
-# comparison that differs after a capture cannot reach its replays).
+# is off in this process: one differed (graphs already captured keep their launches: a
+# comparison that differs after a capture cannot reach its replays), or the path raised.
 _checked: set = set()
 _settled: set = set()
-_check_failed: str | None = None
+_off_reason: str | None = None
 
 
 def _log_once(why: str) -> None:
@@ -143,8 +143,8 @@ def _interpreted(device: torch.device) -> bool:
 
 def _why_not(spec, num_reqs: int) -> str | None:
     """Why this step must take vLLM's loop, or None when the fused launches compute it."""
-    if _check_failed is not None:
-        return _check_failed
+    if _off_reason is not None:
+        return _off_reason
     model = spec.model
     head = getattr(getattr(model, "model", None), "markov_head", None)
     if head is None or type(head).__name__ != "DSparkMarkovHead":
@@ -311,6 +311,7 @@ def _config(
 def sample_sequential(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
     """``DSparkSpeculator._sample_sequential`` with one launch a draft step (plus one). Returns
     False, having done nothing, when this step must take vLLM's loop."""
+    global _off_reason
     why = _why_not(spec, num_reqs)
     if why is not None:
         _log_once(why)
@@ -320,12 +321,31 @@ def sample_sequential(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
     sample_hidden = head_hidden[spec.sample_indices[:num_sample]]
     try:
         base = spec.model.compute_draft_logits(sample_hidden)
-    except torch.OutOfMemoryError as e:
+    except Exception as e:
         # vLLM's own op, which raises without the plugin too; its lm_head's all-gather may have
         # run already (the gathered rows are copied after it), so vLLM's step is not run again.
-        counters.record(counters.FUSED_MARKOV, False, "out of memory in vLLM's draft logits")
+        what = "out of memory" if isinstance(e, torch.OutOfMemoryError) else "an error"
+        counters.record(counters.FUSED_MARKOV, False, f"{what} in vLLM's draft logits")
         e.dsv41_after_base = True
         raise
+    try:
+        return _from_base(spec, num_reqs, base, sample_hidden)
+    except Exception as e:
+        if getattr(e, "dsv41_after_base", False):
+            raise  # vLLM's own loop raised it (``_rest``)
+        # A plugin bug past the base logits: running vLLM's whole step again (the patch's answer
+        # to an error before them) would repeat the lm_head's all-gather on this rank alone.
+        _off_reason = f"raised after the base logits ({e!r})"
+        logger.exception("dsv41_gfx942: the fused Markov path raised after the step's base "
+                         "logits; vLLM's loop finishes the step from them, and runs instead "
+                         "in this process")  # fmt: skip
+        return _rest(spec, num_reqs, base, sample_hidden, "raised")
+
+
+def _from_base(spec, num_reqs: int, base: torch.Tensor, sample_hidden: torch.Tensor) -> bool:
+    """The step from its base logits: the fused launches (compared with vLLM's loop at first),
+    or vLLM's loop from these logits where the launches cannot take them or fail."""
+    n_spec = spec.num_speculative_steps
     head = spec.model.model.markov_head
     w1, w2 = head.markov_w1.weight, head.markov_w2.weight
     vocab = base.shape[-1]
@@ -391,8 +411,8 @@ def sample_sequential(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
 
 def _off(why: str) -> None:
     """The fused path stays off in this process: its first step differed from vLLM's loop."""
-    global _check_failed
-    _check_failed = f"its first step differed from vLLM's loop ({why})"
+    global _off_reason
+    _off_reason = f"its first step differed from vLLM's loop ({why})"
     logger.warning("dsv41_gfx942: the fused Markov launches differ from vLLM's loop on this GPU "
                    "(%s); vLLM's loop runs instead in this process", why)  # fmt: skip
 
