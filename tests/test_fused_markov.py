@@ -72,6 +72,7 @@ CASES = [
     (517, 64, 17, 5, False, False, 11),
     (1000, 64, 7, 5, False, True, 12),
     (600, 64, 20, 3, False, True, 13),  # fp64 past 16 rows: exact noise, two row tiles
+    (800, 64, 4, 3, True, True, 14),  # greedy with use_fp64_gumbel: no noise either way
 ]
 
 
@@ -559,6 +560,31 @@ def test_capture_needs_the_scratch_allocated_before(monkeypatch):
     assert F._capturing_cold(spec, cuda, 301)  # another vocabulary: other buffers
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     assert not F._capturing_cold(spec, cuda, 301)
+
+
+@pytest.mark.parametrize(
+    "cold,reason",
+    [
+        (True, "scratch not allocated before CUDA graph capture"),
+        (False, "not yet compared with vLLM's loop (inside CUDA graph capture)"),
+    ],
+)
+def test_declines_inside_capture(cold, reason, spy, plugin_log, monkeypatch):
+    """``_why_not`` asks both capture questions (each tested alone above and in
+    test_markov_check; faked here, the CPU has no capture) of the step's device, vocabulary and
+    batch, the scratch's first, and the step declines with the reason of the first that holds."""
+    spec, hidden = _base_case(seed=68)
+    asked = []
+    monkeypatch.setattr(
+        F, "_capturing_cold", lambda s, d, v: asked.append(("cold", s, d, v)) or cold
+    )
+    monkeypatch.setattr(
+        F, "_capturing_unchecked", lambda s, n, d: asked.append(("unchecked", s, n, d)) or True
+    )
+    _assert_declines(spec, hidden, 3, reason, spy, plugin_log)
+    cpu = _w2(spec).device
+    assert asked[0] == ("cold", spec, cpu, 300)
+    assert asked[1] == (("cold", spec, cpu, 300) if cold else ("unchecked", spec, 3, cpu))
 
 
 def test_cpu_without_interpreter(spy, plugin_log, monkeypatch):

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import test_fused_markov as T  # the interpreter's set-up and skip, the spy
+from dsv41_gfx942_plugin._log import LOGGER_NAME, MARKOV_OUT_OF_MEMORY
 from dsv41_gfx942_plugin.ops import _markov_check as C
 from dsv41_gfx942_plugin.ops import fused_markov as F
 
@@ -87,6 +88,9 @@ def test_a_cached_logit_off_by_a_bias_bit_passes_and_beyond_fails():
     why = "row 0 step 1: a cached logit differs beyond a bias's last bit"
     assert _compare(_same, _set(0, 1, 5, x + 1.0 + abs(x))) == why
     assert _compare(_same, _set(0, 1, 5, float("inf"))) == why
+    # Twice TOL's bound (bf16's rounding of the stored value takes at most 2**-9 of it): fails.
+    b = float(_outputs()[4][0, 1, 5])
+    assert _compare(_same, _set(0, 1, 5, x + 2.0**-5 * (abs(x) + abs(b)))) == why
 
 
 def test_a_masked_logit_must_stay_masked():
@@ -101,6 +105,7 @@ def test_a_masked_logit_must_stay_masked():
 
 def test_a_token_outside_the_vocabulary_fails():
     assert _compare(_token(0, 0, -1), _same) == "row 0 step 0: token -1 outside the vocabulary"
+    assert _compare(_token(1, 2, V), _same) == f"row 1 step 2: token {V} outside the vocabulary"
 
 
 def test_too_many_small_differences_fail():
@@ -315,11 +320,13 @@ def test_wrong_kernels_fail_and_vllms_loop_serves(spoil, why, monkeypatch, plugi
     T._assert_declines(spec, hidden, 3, F._off_reason, T._install_spy(monkeypatch), plugin_log)
 
 
-def test_out_of_memory_in_the_comparison_is_no_broken_configuration(monkeypatch):
+def test_out_of_memory_in_the_comparison_is_no_broken_configuration(
+    monkeypatch, plugin_log, clean_plugin
+):
     """The comparison's copies find no memory: this step is vLLM's loop from the base logits
     already computed (computed once: a second time would repeat the lm_head's tensor-parallel
     all-gather on this rank alone), the winners are reset, nothing is marked broken or compared,
-    and the next step compares."""
+    and the next step compares. Two such steps: one WARNING, both counted under their reason."""
     real = C.first_step
 
     def no_memory(*args, **kwargs):
@@ -335,6 +342,12 @@ def test_out_of_memory_in_the_comparison_is_no_broken_configuration(monkeypatch)
     assert torch.equal(ref["tokens"], out["tokens"]) and torch.equal(ref["cache"], out["cache"])
     assert F._broken == set() and F._checked == set() and F._off_reason is None
     assert (F._scratch(spec, torch.device("cpu"), 700)["win"] == -(2**63)).all()
+    took, ref, out = R.run_both(spec, 3, hidden, F.sample_sequential, fused_only=False)
+    assert took and heads == [1] * 4 and torch.equal(ref["tokens"], out["tokens"])
+    ours = [r for r in plugin_log.records if r.name == LOGGER_NAME]
+    assert [r.getMessage() for r in ours if r.levelname == "WARNING"] == [MARKOV_OUT_OF_MEMORY]
+    loop = {"vLLM's loop from the base logits (out of memory)": 2}
+    assert clean_plugin.stats()["fused_markov"] == {"taken": 0, "declined": 2, "reasons": loop}
     monkeypatch.setattr(C, "first_step", real)
     took, ref, out = R.run_both(spec, 3, hidden, F.sample_sequential, fused_only=False)
     assert took and len(F._settled) == 1
