@@ -620,12 +620,15 @@ def test_hook_that_raises_is_turned_off_and_vllm_runs(vllm_env, monkeypatch, plu
         raise RuntimeError("kernel bug")
 
     monkeypatch.setattr(topk, "decode_top_k", vllm_env.spy("hook:decode_top_k", boom))
+    cleared = []  # the HIP last error the hook may leave, reset before vLLM's op
+    monkeypatch.setattr(indexer._launcher, "clear_last_error", lambda: cleared.append(1) or 0)
     run(vllm_env, oracle_layer, meta, q, n, plugin=False)
     for _ in range(2):
         vllm_env.calls.clear()
         run(vllm_env, plugin_layer, meta, q, n)
         assert torch.equal(plugin_layer.topk_indices_buffer, oracle_layer.topk_indices_buffer)
     assert vllm_env.calls == ["vllm:logits", "vllm:topk"]  # not asked again
+    assert cleared == [1]
     errors = [r for r in plugin_log.records if r.levelname == "ERROR"]
     assert len(errors) == 1 and "kernel bug" in errors[0].exc_text
 

@@ -3,6 +3,7 @@ own calls bind to, also where the process has mapped a second copy."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import shutil
@@ -108,3 +109,72 @@ def test_file_maps_lists_this_process_libraries(tmp_path):
     lib.unlink()
     assert str(lib) not in {p for _, _, p in _launcher._file_maps()}
     assert not any(p.endswith("(deleted)") for _, _, p in _launcher._file_maps())
+
+
+# A stand-in libamdhip64 with ROCm >= 7's rule for the last error: a failed call sets it, and
+# only hipGetLastError reads and resets it (torch calls that after each of its own launches).
+FAKE_HIP = """
+static int last, fail;
+void set_fail(int which) { fail = which; }
+int pending(void) { return last; }
+static int result(int which) { if (fail != which) return 0; last = 200; return 200; }
+int hipModuleLoadData(void **module, const void *image) { return result(1); }
+int hipModuleGetFunction(void **fn, void *module, const char *name) { return result(2); }
+int hipModuleLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                          unsigned by, unsigned bz, unsigned shared, void *stream,
+                          void **params, void **extra) { return result(3); }
+int hipGetLastError(void) { int e = last; last = 0; return e; }
+"""
+
+
+@pytest.fixture
+def fake_hip(tmp_path, monkeypatch):
+    """The launcher's runtime on the stand-in library, as on ROCm; the library's handle."""
+    if CC is None:
+        pytest.skip("needs a C compiler for the stand-in HIP library")
+    src, lib = tmp_path / "hip.c", tmp_path / "libamdhip64.so.7"
+    src.write_text(FAKE_HIP)
+    subprocess.run([CC, "-shared", "-fPIC", str(src), "-o", str(lib)], check=True)
+    monkeypatch.setattr(torch.version, "hip", "7.0.0")
+    monkeypatch.setattr(_launcher._Runtime, "_mapped_hip", staticmethod(lambda: str(lib)))
+    monkeypatch.setattr(_launcher, "_runtime", None)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    handle = ctypes.CDLL(str(lib))
+    handle.set_fail(0)
+    return handle
+
+
+FAILS = ["hipModuleLoadData", "hipModuleGetFunction", "hipModuleLaunchKernel"]
+
+
+@pytest.mark.parametrize("fail", FAILS)
+def test_a_failed_hip_call_leaves_no_last_error(fake_hip, tmp_path, fail):
+    """A failed load, lookup or launch raises (the hooks then decline and vLLM's op runs) and
+    leaves the thread's HIP last error reset: left set, torch's check after vLLM's next kernel
+    would raise it and take the server down."""
+    image = tmp_path / "topk512.gfx942.co"
+    image.write_bytes(b"\x7fELF")
+    fake_hip.set_fail(FAILS.index(fail) + 1)
+    with pytest.raises(RuntimeError, match=f"{fail}.* failed with error 200"):
+        module = _launcher.Module(image, {"k": "Pi"}, 0)
+        module.kernels["k"]((1, 1, 1), 64, 0, 0, 7)
+    assert fake_hip.pending() == 0
+
+
+def test_clear_last_error_resets_hips_and_never_raises(fake_hip, monkeypatch):
+    """What the hooks' handlers call after any failure (a Triton or Gluon launch's too)."""
+    fake_hip.set_fail(1)
+    fake_hip.hipModuleLoadData(None, None)  # a failure the launcher did not see
+    monkeypatch.setattr(torch.version, "hip", None)  # not ROCm: nothing asked
+    assert _launcher.clear_last_error() == 0 and fake_hip.pending() == 200
+    monkeypatch.setattr(torch.version, "hip", "7.0.0")
+    assert _launcher.clear_last_error() == 200 and fake_hip.pending() == 0
+    assert _launcher.clear_last_error() == 0
+
+    def no_library():
+        raise OSError("libamdhip64 is not loaded in this process")
+
+    monkeypatch.setattr(_launcher, "_runtime", None)
+    monkeypatch.setattr(_launcher._Runtime, "_mapped_hip", staticmethod(no_library))
+    assert _launcher.clear_last_error() == 0

@@ -436,8 +436,11 @@ def test_a_plugin_error_after_the_base_logits_finishes_with_vllms_loop(
     compute = spec.model.compute_draft_logits
     monkeypatch.setattr(spec.model, "compute_draft_logits", lambda h: heads.append(1) or compute(h))
     spoil(monkeypatch)
+    cleared = []  # the HIP last error the failure may leave, reset before vLLM's loop
+    monkeypatch.setattr(F._launcher, "clear_last_error", lambda: cleared.append(1) or 0)
     took, ref, out = R.run_both(spec, 3, hidden, speculator._fused, fused_only=False)
     assert took and heads == [1, 1]  # vLLM's run, then the fused call's: once each
+    assert len(cleared) == (2 if spoil is _failing_winners_reset else 1)  # launch, then reset
     assert torch.equal(ref["tokens"], out["tokens"]) and torch.equal(ref["cache"], out["cache"])
     assert F._off_reason.startswith("raised after the base logits (ValueError('a plugin bug'")
     errors = [r for r in plugin_log.records if r.levelname == "ERROR"]

@@ -118,10 +118,12 @@ def test_fused_path_that_raises_is_turned_off_and_vllm_runs(calls, monkeypatch, 
         raise RuntimeError("kernel bug")
 
     calls.fused.sample_sequential = boom
+    cleared = []  # the HIP last error the failure may leave, reset before vLLM's loop
+    monkeypatch.setattr(speculator._launcher, "clear_last_error", lambda: cleared.append(1) or 0)
     patched = make_sample_sequential(_original(calls))
     patched(_Spec(), 4, None)
     patched(_Spec(), 4, None)  # the fused path stays off after it raised
-    assert calls.log == ["fused", "vllm", "vllm"]
+    assert calls.log == ["fused", "vllm", "vllm"] and cleared == [1]
     errors = [r for r in plugin_log.records if r.levelname == "ERROR"]
     assert len(errors) == 1 and "kernel bug" in errors[0].exc_text
     assert dsv41_gfx942_plugin.stats()["fused_markov"]["reasons"] == {

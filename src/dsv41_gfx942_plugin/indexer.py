@@ -32,7 +32,7 @@ from vllm.v1.attention.ops import rocm_aiter_mla_sparse as _vllm_rocm
 
 from . import counters, envs
 from ._log import logger
-from .ops import topk
+from .ops import _launcher, topk
 
 _first_layer: str | None = None
 _first_step_logged = False
@@ -161,6 +161,7 @@ def _hook(name: str, on: bool, call) -> bool:
                            "place until it does", name)  # fmt: skip
         return False
     except Exception:
+        _launcher.clear_last_error()  # else vLLM's op, next, could raise the hook's HIP error
         _off[name] = "raised earlier in this process"
         counters.record(name, False, "raised")
         logger.exception("dsv41_gfx942: hook %s raised; it stays off in this process and "

@@ -17,6 +17,7 @@ import torch
 
 from . import counters, envs
 from ._log import MARKOV_OUT_OF_MEMORY, logger
+from .ops import _launcher
 
 HOOK = counters.FUSED_MARKOV
 
@@ -64,6 +65,7 @@ def _fused(spec, num_reqs: int, head_hidden) -> bool:
             counters.record(HOOK, False, "out of memory")
             logger.warning_once(MARKOV_OUT_OF_MEMORY)
         else:
+            _launcher.clear_last_error()  # else vLLM's loop, next, could raise the path's HIP error
             _fused_failed = True
             counters.record(HOOK, False, "raised")
             logger.exception("dsv41_gfx942: the fused Markov path raised; it stays off in this "

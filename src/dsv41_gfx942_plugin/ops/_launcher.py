@@ -106,12 +106,18 @@ class _Runtime:
             self.load_data = self.lib.hipModuleLoadData
             self.get_function = self.lib.hipModuleGetFunction
             self.launch = self.lib.hipModuleLaunchKernel
+            self.get_last_error = self.lib.hipGetLastError
+            self.get_last_error.argtypes = []
+            self.get_last_error.restype = ctypes.c_int
         else:
             self.lib = ctypes.CDLL("libcuda.so.1")
             prefix, self.end_marker = "cu", 0  # CU_LAUNCH_PARAM_END
             self.load_data = self.lib.cuModuleLoadData
             self.get_function = self.lib.cuModuleGetFunction
             self.launch = self.lib.cuLaunchKernel
+            # The driver API's errors never reach the runtime's cudaGetLastError, which torch
+            # reads: nothing to reset.
+            self.get_last_error = lambda: 0
         self.name = prefix
         vp = ctypes.c_void_p
         self.load_data.argtypes = [ctypes.POINTER(vp), ctypes.c_char_p]
@@ -141,10 +147,29 @@ class _Runtime:
 
     def check(self, err: int, what: str) -> None:
         if err != 0:
+            self.get_last_error()  # reset: see clear_last_error
             raise RuntimeError(f"{self.name}{what} failed with error {err}")
 
 
 _runtime: _Runtime | None = None
+
+
+def clear_last_error() -> int:
+    """Read and reset this thread's HIP last error (0: none, or not ROCm); never raises. Every
+    handler that lets vLLM's op run after a plugin call raised calls it: since ROCm 7 a failed
+    HIP call's error stays until ``hipGetLastError`` reads it, and torch reads it after each of
+    its own launches, so a failure of the plugin's (a code object that does not load, a Triton
+    or Gluon launch that HIP refused) would raise again in vLLM's next op, which then takes the
+    server down."""
+    global _runtime
+    if not torch.version.hip:
+        return 0
+    try:
+        if _runtime is None:
+            _runtime = _Runtime()
+        return _runtime.get_last_error()
+    except Exception:  # noqa: BLE001 - no HIP runtime to ask: nothing to reset
+        return 0
 
 
 class Kernel:

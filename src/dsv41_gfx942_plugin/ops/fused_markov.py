@@ -37,7 +37,7 @@ import triton
 
 from .. import counters
 from .._log import MARKOV_OUT_OF_MEMORY, logger
-from . import _markov_check
+from . import _launcher, _markov_check
 from . import _markov_kernels as K
 
 __all__ = ["sample_sequential"]
@@ -335,6 +335,7 @@ def sample_sequential(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
             raise  # vLLM's own loop raised it (``_rest``)
         # A plugin bug past the base logits: running vLLM's whole step again (the patch's answer
         # to an error before them) would repeat the lm_head's all-gather on this rank alone.
+        _launcher.clear_last_error()
         _off_reason = f"raised after the base logits ({e!r})"
         logger.exception("dsv41_gfx942: the fused Markov path raised after the step's base "
                          "logits; vLLM's loop finishes the step from them, and runs instead "
@@ -399,6 +400,7 @@ def _from_base(spec, num_reqs: int, base: torch.Tensor, sample_hidden: torch.Ten
         # failed"); so may the comparison. Earlier steps of this call may have run: clear their
         # winners, and vLLM's loop rewrites every output.
         logger.warning("dsv41_gfx942: fused Markov step %s failed (%r)", key, e)
+        _launcher.clear_last_error()
         _broken.add(key)
         failed = "step failed"
     if failed is not None:
