@@ -24,6 +24,21 @@ def topk_ends(seq_lens: torch.Tensor, rows: int, next_n: int) -> list[int]:
     return [max(0, int(seq_lens[r // next_n]) - next_n + r % next_n + 1) for r in range(rows)]
 
 
+def dense_ends(seq_lens: torch.Tensor, rows: int, next_n: int) -> list[int]:
+    """Where AITER's dense logits of each row end (-inf from there): handed one length a
+    request (vLLM's ``_per_sequence_context_lens``: a 2-D table's last column), its kernel
+    writes -inf from ``last - next_n + j + 1`` on."""
+    last = seq_lens[:, -1] if seq_lens.dim() == 2 else seq_lens
+    return [max(0, int(last[r // next_n]) - next_n + r % next_n + 1) for r in range(rows)]
+
+
+def live_ends(seq_lens: torch.Tensor, rows: int, next_n: int) -> list[int]:
+    """Where the candidate-logits kernel's live columns end: the top-k's row end, and no further
+    than the dense logits (a 2-D row can end one past them at compress ratio 2)."""
+    own, dense = topk_ends(seq_lens, rows, next_n), dense_ends(seq_lens, rows, next_n)
+    return [min(a, b) for a, b in zip(own, dense, strict=True)]
+
+
 def candidate_ends(seq_lens: torch.Tensor, rows: int, next_n: int) -> list[int]:
     flat = seq_lens.reshape(-1)
     if flat.numel() != rows:
@@ -93,13 +108,17 @@ def select_candidates(logits, next_n, seq_lens, block_size, candidates) -> bool:
     return True
 
 
-def candidate_top_k(logits, next_n, seq_lens, candidates, block_size, indices, topk_tokens):
-    """Top-512 among each row's live candidate columns (< the top-k row end), all of them and
-    then -1 when there are fewer than 512 (the plugin's documented difference)."""
-    for r, end in enumerate(topk_ends(seq_lens, logits.shape[0], next_n)):
+def candidate_top_k(logits, next_n, seq_lens, candidates, block_size, indices, topk_tokens,
+                    col_ends=None):  # fmt: skip
+    """Top-512 among each row's live candidate columns (< the top-k row end, or ``col_ends``),
+    all of them and then -1 when there are fewer than 512 (the plugin's documented
+    difference)."""
+    ends = topk_ends(seq_lens, logits.shape[0], next_n)
+    for r, end in enumerate(ends):
+        stop = end if col_ends is None else col_ends[r]
         blocks = sorted({int(b) for b in candidates[r] if int(b) >= 0})
         cols = torch.tensor([b * block_size + i for b in blocks for i in range(block_size)
-                             if b * block_size + i < end], dtype=torch.long)  # fmt: skip
+                             if b * block_size + i < stop], dtype=torch.long)  # fmt: skip
         if end <= K:
             indices[r].fill_(-1)
             indices[r, :end] = torch.arange(end, dtype=indices.dtype)
@@ -109,9 +128,10 @@ def candidate_top_k(logits, next_n, seq_lens, candidates, block_size, indices, t
 
 
 class PagedLogits:
-    """Stands in for AITER's paged FP8 logits: a fixed random projection of each query row, so
-    that packing and row order matter; columns at or past a row's end hold stale garbage, as
-    AITER leaves them."""
+    """Stands in for AITER's paged FP8 logits: a fixed random projection of each query row
+    (``raw``), so that packing and row order matter; masked as AITER's kernel masks them, -inf
+    from the row's causal end (``dense_ends``) to its request's length and stale garbage past
+    that, as AITER leaves them."""
 
     def __init__(self, width: int, seed: int = 0):
         g = torch.Generator().manual_seed(seed)
@@ -121,22 +141,30 @@ class PagedLogits:
 
     def __call__(self, q_fp8, kv_cache, weights, context_lens, block_tables, schedule_metadata,
                  max_model_len, compress_ratio=1):  # fmt: skip
-        batch, next_n = q_fp8.shape[:2]
-        rows = batch * next_n
-        feats = q_fp8.reshape(rows, -1)[:, :16].float()
-        logits = (feats @ self.proj).round(decimals=1)  # rounding makes ties
-        ends = topk_ends(context_lens, rows, next_n)
-        for r, end in enumerate(ends):
-            logits[r, end:] = self.garbage[0, end:]
+        next_n = q_fp8.shape[1]
+        logits = self.raw(q_fp8)
+        last = context_lens[:, -1] if context_lens.dim() == 2 else context_lens
+        for r, end in enumerate(dense_ends(context_lens, logits.shape[0], next_n)):
+            stop = max(0, int(last[r // next_n]))
+            logits[r, end:stop] = NEG
+            logits[r, stop:] = self.garbage[0, stop:]
         return logits
+
+    def raw(self, q_fp8) -> torch.Tensor:
+        """Every column's logit, unmasked: what the candidate-logits kernel computes itself."""
+        rows = q_fp8.shape[0] * q_fp8.shape[1]
+        feats = q_fp8.reshape(rows, -1)[:, :16].float()
+        return (feats @ self.proj).round(decimals=1)  # rounding makes ties
 
 
 class CandidateLogitsTopK:
     """The candidate-logits hook's contract: the top-512 that vLLM's dense logits, candidate
     mask and top-k give (same references), computed here from the same stand-in logits; it
-    declines padded steps, as the real hook does. Given a ``check``, it hands it the compact
-    rows first (each candidate column's logit and id; past the row's end id -1 and logit -inf,
-    as the real kernel writes them), and declines when the check does. ``skew``: "last bit"
+    declines padded steps, as the real hook does. Its logits are the unmasked ones (the kernel
+    computes each live column's own), its columns live before ``live_ends``. Given a ``check``,
+    it hands it the compact rows first (each candidate column's logit and id; past the row's
+    live end id -1 and logit -inf, as the real kernel writes them), and declines when the check
+    does. ``skew``: "last bit"
     flips the last bit of one live logit, "last bit at 0" that of column 0's, "zero sign" the
     sign of a live zero."""
 
@@ -149,12 +177,13 @@ class CandidateLogitsTopK:
         if requires_padding or not dense_is_aiter_gluon:
             return False
         next_n = q_fp8.shape[1]
-        logits = self.paged_logits(q_fp8, kv_cache, weights, seq_lens, block_table, None, 0)
+        logits = self.paged_logits.raw(q_fp8)
+        rows = logits.shape[0]
+        live = live_ends(seq_lens, rows, next_n)
         if check is not None:
-            rows = logits.shape[0]
             blocks = candidates[:rows].long()
             cols = (blocks[:, :, None] * block_size + torch.arange(block_size)).flatten(1)
-            ends = torch.tensor(topk_ends(seq_lens, rows, next_n))[:, None]
+            ends = torch.tensor(live)[:, None]
             ids = torch.where((blocks.repeat_interleave(block_size, 1) >= 0) & (cols < ends),
                               cols, -1).int()  # fmt: skip
             compact = logits.gather(1, ids.clamp(min=0).long()).masked_fill(ids < 0, NEG)
@@ -166,4 +195,4 @@ class CandidateLogitsTopK:
             if not check(compact, ids):
                 return False
         return candidate_top_k(logits, next_n, seq_lens, candidates, block_size, indices,
-                               topk_tokens)  # fmt: skip
+                               topk_tokens, col_ends=live)  # fmt: skip

@@ -24,6 +24,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 
+import ref_indexer
 from dsv41_gfx942_plugin.ops import _cand_kernels, _cand_layout, cand_logits
 
 CUDA = torch.cuda.is_available() and torch.version.hip is None
@@ -79,7 +80,8 @@ class Case:
     cand_block: int
     keys: list  # per request: [len, dim] FP8 as float
     scales: list  # per request: [len] float
-    ends: list  # per row: the row's end
+    ends: list  # per row: the row's end (the top-k's)
+    live_ends: list  # per row: where its live columns end (ref_indexer.live_ends)
 
     @property
     def next_n(self) -> int:
@@ -158,6 +160,7 @@ def make_case(
         keys=keys,
         scales=scales,
         ends=ends,
+        live_ends=ref_indexer.live_ends(seq_lens, rows, next_n),
     )
 
 
@@ -175,7 +178,7 @@ def reference(case: Case):
         cols = torch.arange(blocks * cb)
         block = cand[r, cols // cb].long()
         pos = block * cb + cols % cb
-        live = (block >= 0) & (pos < case.ends[r])
+        live = (block >= 0) & (pos < case.live_ends[r])
         p = pos[live]
         k = case.keys[b][p].double()
         s = case.scales[b][p].double()
@@ -308,6 +311,7 @@ def test_candidate_logits_rejects_bad_shapes():
         ("out_logits", torch.empty(rows, 41), ValueError),
         ("out_ids", torch.empty(40, rows, dtype=torch.int32).t(), ValueError),
         ("seq_lens", torch.tensor([5, 5, 5], dtype=torch.int32), ValueError),
+        ("seq_lens", torch.tensor([[5, 5]], dtype=torch.int32), ValueError),  # [1, rows]
         ("block_table", case.block_table[:1], ValueError),
         ("next_n", 3, ValueError),
         ("cand_block", 0, ValueError),
@@ -430,6 +434,7 @@ REFUSED = {
     "seq_lens int64": dict(seq_lens=torch.full((2,), 300, dtype=torch.int64)),
     "seq_lens wrong count": dict(seq_lens=torch.full((4,), 300, dtype=torch.int32)),
     "seq_lens strided": dict(seq_lens=torch.full((4,), 300, dtype=torch.int32)[::2]),
+    "seq_lens [rows, 1]": dict(seq_lens=torch.full((6, 1), 300, dtype=torch.int32)),
     "block table int64": dict(block_table=torch.zeros(2, 8, dtype=torch.int64)),
     "block table strided": dict(block_table=torch.zeros(2, 16, dtype=torch.int32)[:, ::2]),
     "block table short": dict(block_table=torch.zeros(1, 8, dtype=torch.int32)),
@@ -798,6 +803,28 @@ def test_twin_draft_rows(next_n, per_row):
         device="cuda", seed=next_n,
     )  # fmt: skip
     check_against_reference(case)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("lens", [[1001, 4097, 2, 6000], [7, 700, 1025]])
+def test_twin_rows_end_where_the_dense_logits_do(lens):
+    """2-D lengths as vLLM's builder makes them at compress ratio 2 from uncompressed lengths
+    ``lens``: ``(L - 2 + 1 + j) // 2``, so an odd L ends both rows of a request at the same
+    compressed length, one past where AITER's dense kernel (given the request's last length)
+    writes row 0's logits; its last column is dead here, as it is -inf there."""
+    ends = [(n - 2 + 1 + j) // 2 for n in lens for j in range(2)]
+    case = make_case(
+        lens=[n // 2 for n in lens], next_n=2, heads=64, page_size=32, blocks=200,
+        row_ends=ends, device="cuda", seed=len(lens), drop=0.0,
+    )  # fmt: skip
+    assert case.live_ends != case.ends  # some row ends one past its dense logits
+    live = check_against_reference(case)
+    ids = run_candidate_logits(case)[1].cpu()
+    for r, (end, stop) in enumerate(zip(case.ends, case.live_ends, strict=True)):
+        if stop < end and (case.candidates[r].cpu() == stop // case.cand_block).any():
+            assert not (ids[r] == stop).any()  # a candidate column, dead
+    assert live.any()
 
 
 @pytest.mark.gpu

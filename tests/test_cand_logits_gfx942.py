@@ -51,11 +51,20 @@ def aiter_dense_logits(case, max_model_len: int) -> torch.Tensor:
     return out
 
 
-def gfx942_case(requests, next_n, context, heads, page_size, seed):
+def gfx942_case(requests, next_n, context, heads, page_size, seed, ratio2=False):
+    """1-D lengths, or (``ratio2``) 2-D ones as vLLM's builder makes them at compress ratio 2
+    from uncompressed lengths odd and even: ``(L - next_n + 1 + j) // 2``, where an odd L ends
+    a request's first row one past the dense logits AITER writes it."""
     lens = [context - 37 * i for i in range(requests)]
+    row_ends = None
+    if ratio2:
+        full = [2 * n + 1 - i for i, n in enumerate(lens)]
+        row_ends = [(n - next_n + 1 + j) // 2 for n in full for j in range(next_n)]
+        lens = [n // 2 for n in full]
     return make_case(
         lens=lens, next_n=next_n, heads=heads, page_size=page_size, blocks=2048,
-        per_row=False, fp8=torch.float8_e4m3fnuz, device="cuda", seed=seed, drop=0.02,
+        per_row=ratio2, row_ends=row_ends, fp8=torch.float8_e4m3fnuz, device="cuda", seed=seed,
+        drop=0.02,
     )  # fmt: skip
 
 
@@ -66,11 +75,12 @@ def test_aiter_gives_the_layout_choice():
     assert _cand_layout.own_use_2d_instr_shape() == bool(_cand_layout.USE_2D_INSTR_SHAPE)
 
 
+@pytest.mark.parametrize("ratio2", [False, True])
 @pytest.mark.parametrize("heads", [32, 64])
 @pytest.mark.parametrize("page_size", [32, 64, 128])
 @pytest.mark.parametrize(("requests", "next_n", "context"), STEPS)
-def test_compact_rows_bit_identical_to_aiter(requests, next_n, context, heads, page_size):
-    case = gfx942_case(requests, next_n, context, heads, page_size, seed=context + heads)
+def test_compact_rows_bit_identical_to_aiter(requests, next_n, context, heads, page_size, ratio2):
+    case = gfx942_case(requests, next_n, context, heads, page_size, context + heads, ratio2)
     dense = aiter_dense_logits(case, max_model_len=context + 256)
     for stages in (0, 8):
         logits, ids = run_candidate_logits(case, stages_per_program=stages)
@@ -100,10 +110,11 @@ def vllm_dense_top512(case, max_model_len: int) -> torch.Tensor:
     return indices, logits
 
 
+@pytest.mark.parametrize("ratio2", [False, True])
 @pytest.mark.parametrize("heads", [32, 64])
 @pytest.mark.parametrize(("requests", "next_n", "context"), STEPS)
-def test_hook_top512_equals_vllm_dense_path(requests, next_n, context, heads):
-    case = gfx942_case(requests, next_n, context, heads, 64, seed=3 * context + heads)
+def test_hook_top512_equals_vllm_dense_path(requests, next_n, context, heads, ratio2):
+    case = gfx942_case(requests, next_n, context, heads, 64, 3 * context + heads, ratio2)
     want, masked = vllm_dense_top512(case, max_model_len=context + 256)
     rows = want.shape[0]
     got = torch.full_like(want, -5)

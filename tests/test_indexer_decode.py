@@ -110,6 +110,9 @@ def make_step(case: str, seed: int = 0):
     elif case == "mtp_2d":  # next_n = 2 native: (B, 2) lengths
         seq = torch.stack([lens - 1, lens], dim=1)
         decode_lens, padded, n_dec = torch.full((4,), 2, dtype=torch.int32), False, 8
+    elif case == "mtp_2d_odd":  # the same compressed at ratio 2 from odd lengths (2L + 1)
+        seq = torch.stack([lens, lens], dim=1)  # row 0 one past AITER's dense logits
+        decode_lens, padded, n_dec = torch.full((4,), 2, dtype=torch.int32), False, 8
     elif case == "padded":  # a short prefill chunk counted as a decode: rows packed per request
         seq = torch.stack([lens - 1, lens], dim=1)
         decode_lens, padded, n_dec = torch.tensor([2, 1, 2, 2], dtype=torch.int32), True, 7
@@ -180,7 +183,7 @@ def assert_same_rows(got, want, logits_rows=None):
         assert sorted(g) == sorted(w), f"row {r}"
 
 
-@pytest.mark.parametrize("case", ["dspark_flat", "mtp_2d", "padded", "lens_1d"])
+@pytest.mark.parametrize("case", ["dspark_flat", "mtp_2d", "mtp_2d_odd", "padded", "lens_1d"])
 @pytest.mark.parametrize("kind", ["plain", "writer", "reader"])
 def test_taking_hooks_match_vllm_decode_branch(vllm_env, monkeypatch, kind, case):
     plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, kind, case)
@@ -330,16 +333,21 @@ def test_candidate_logits_declined_where_vllm_takes_its_torch_logits(vllm_env, m
                      oracle_layer.topk_indices_buffer[: meta.num_decode_tokens])  # fmt: skip
 
 
-@pytest.mark.parametrize("check_rows", [64, 3])
+@pytest.mark.parametrize(
+    ("check_rows", "case"), [(64, "mtp_2d"), (3, "mtp_2d"), (64, "mtp_2d_odd")]
+)
 def test_first_candidate_logits_are_compared_with_vllms_dense_logits(
-    vllm_env, monkeypatch, plugin_log, check_rows
+    vllm_env, monkeypatch, plugin_log, check_rows, case
 ):
     """The process's first candidate-logits call hands the hook a check against vLLM's dense
     logits of the step (one more call of vLLM's logits); equal, the hook serves, and later
-    calls are not checked. With ``check_rows`` 3 the 8 rows are compared 3 at a time."""
+    calls are not checked. With ``check_rows`` 3 the 8 rows are compared 3 at a time. With
+    ratio 2's lengths ("mtp_2d_odd": the first row of a request ends one past its dense logits,
+    which are -inf there) the kernel's columns end with the dense logits, and they compare
+    equal."""
     monkeypatch.setattr(indexer, "_cand_checked", set())
     monkeypatch.setattr(indexer, "CHECK_ROWS", check_rows)
-    plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "reader", "mtp_2d")
+    plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "reader", case)
     install_hooks(monkeypatch, vllm_env, take=True)
     run(vllm_env, oracle_layer, meta, q, n, plugin=False)
     for expected in (["hook:candidate_logits_top_k", "vllm:logits"],
@@ -369,16 +377,18 @@ def test_each_candidate_kernel_variant_is_compared(vllm_env, monkeypatch):
 
 
 def test_candidate_kernel_variants():
-    """Heads, page size, the lengths' dims and next_n name a variant; the requests do not."""
+    """Heads, page size, the lengths' dims, next_n and the compress ratio name a variant; the
+    requests do not."""
     q = torch.empty(2, 3, 64, 128)
     cache = torch.empty(10, 64, 1, 132)
-    one = indexer._cand_variant(q, cache, torch.empty(2))
-    assert one == indexer._cand_variant(torch.empty(5, 3, 64, 128), cache, torch.empty(5))
-    others = [indexer._cand_variant(q[:, :, :32], cache, torch.empty(2)),
-              indexer._cand_variant(q, cache[:, :32], torch.empty(2)),
-              indexer._cand_variant(q, cache, torch.empty(2, 3)),
-              indexer._cand_variant(q[:, :1], cache, torch.empty(2))]  # fmt: skip
-    assert len({one, *others}) == 5
+    one = indexer._cand_variant(q, cache, torch.empty(2), 1)
+    assert one == indexer._cand_variant(torch.empty(5, 3, 64, 128), cache, torch.empty(5), 1)
+    others = [indexer._cand_variant(q[:, :, :32], cache, torch.empty(2), 1),
+              indexer._cand_variant(q, cache[:, :32], torch.empty(2), 1),
+              indexer._cand_variant(q, cache, torch.empty(2, 3), 1),
+              indexer._cand_variant(q[:, :1], cache, torch.empty(2), 1),
+              indexer._cand_variant(q, cache, torch.empty(2), 2)]  # fmt: skip
+    assert len({one, *others}) == 6
 
 
 def _skewed_hook(monkeypatch, env, skew: str) -> None:

@@ -231,7 +231,7 @@ def _candidate_logits(layer, decode, q, kv_cache, weights, cands, out, spare) ->
     compared (``_dense_check``), once for each kernel variant (``_cand_variant``). Inside
     CUDA-graph capture, where the comparison cannot read its result, a variant not compared yet
     declines before any kernel runs, and vLLM's path is captured."""
-    variant = _cand_variant(q, kv_cache, decode.seq_lens)
+    variant = _cand_variant(q, kv_cache, decode.seq_lens, layer.compress_ratio)
     checked = variant in _cand_checked
     if not checked and _capturing(q):
         return False
@@ -251,11 +251,12 @@ MIN_COMPARED = 2048
 CHECK_ROWS = 64
 
 
-def _cand_variant(q, kv_cache, seq_lens) -> tuple:
+def _cand_variant(q, kv_cache, seq_lens, compress_ratio: int) -> tuple:
     """What the candidate-logits kernel is compiled for (heads, page size, 1-D or 2-D lengths;
-    vLLM's reader layers differ in page size) and the rows a request (``next_n``: vLLM hands
-    AITER's dense kernel other lengths for 2 than for 1): each is compared with vLLM's once."""
-    return q.shape[-2], kv_cache.shape[1], seq_lens.dim(), q.shape[1]
+    vLLM's reader layers differ in page size), the rows a request (``next_n``: vLLM hands
+    AITER's dense kernel other lengths for 2 than for 1) and the compress ratio (at 2 the
+    builder's row lengths can end past the dense kernel's): each is compared with vLLM's once."""
+    return q.shape[-2], kv_cache.shape[1], seq_lens.dim(), q.shape[1], compress_ratio
 
 
 def _dense_check(layer, q, kv_cache, weights, decode, spare: dict, variant: tuple):

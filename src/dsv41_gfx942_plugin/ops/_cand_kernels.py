@@ -2,7 +2,7 @@
 
 Position i of compact row r holds the logit of column `8 * cand[r][i // 8] + i % 8` and that
 column as its id, or -inf and id -1 when the block entry is -1 or the column is at or past the
-row's end.
+row's end (``_column_addresses`` says which end: where AITER's dense kernel stops writing logits).
 
 `_cand_logits_gfx942` does each logit's arithmetic the way AITER's gfx942 kernel
 (`_gluon_deepgemm_fp8_paged_mqa_logits_preshuffle`, ChunkK = 256 run as two MFMA stages of 128
@@ -53,9 +53,15 @@ def _column_addresses(
     the 64-bit key offsets [dims, cols], the scale offsets [cols], the ids (column or -1) and
     whether each is live. A dead entry reads page 0's first key, so every load stays inside the
     cache; the caller replaces its logit with -inf."""
-    # The row's end as vLLM's top_k_per_row_decode takes it.
+    # The row's end. 1-D lengths: the causal end vLLM's top_k_per_row_decode takes. 2-D ones
+    # ([requests, next_n]): the row's own, but no further than AITER's dense kernel writes logits:
+    # handed the request's last length alone (vLLM's _per_sequence_context_lens), it writes -inf
+    # from last - next_n + j + 1 on, and vLLM's builder, which divides each row's length by the
+    # compress ratio, ends row j one later at ratio 2 and an odd length. vLLM's top-k ranks that
+    # column -inf; here it is dead.
     if SeqLensIs2D:
-        end = gl.load(seq_lens + row)
+        last = gl.load(seq_lens + (row // next_n) * next_n + next_n - 1)
+        end = gl.minimum(gl.load(seq_lens + row), last - next_n + row % next_n + 1)
     else:
         end = gl.load(seq_lens + row // next_n) - next_n + row % next_n + 1
     block = gl.load(

@@ -105,8 +105,10 @@ def candidate_logits(
     """Write the compact candidate rows (module docstring) into out_logits / out_ids.
 
     q_fp8 `[rows, heads, dim]` FP8, row r = draft position r % next_n of request r // next_n;
-    weights `[rows, heads]` FP32; block_table one row of pages per request; seq_lens as the
-    dense call gets them (1-D per request, or one per row); candidates `[rows, blocks]` int32 with
+    weights `[rows, heads]` FP32; block_table one row of pages per request; seq_lens as vLLM's
+    decode metadata holds them (1-D per request, or `[requests, next_n]`: a row's columns then
+    end at its own length and, as AITER's dense kernel writes them, before `seq_lens[b, -1] -
+    next_n + j + 1`); candidates `[rows, blocks]` int32 with
     -1 padding; out_logits (fp32) and out_ids (int32) contiguous `[rows, blocks * cand_block]`.
     `stages_per_program=0` takes STAGES_PER_PROGRAM. `portable` picks the twin (default: the
     twin everywhere but gfx942)."""
@@ -149,10 +151,10 @@ def candidate_logits(
         f"block_table {tuple(block_table.shape)} must be [>= {requests} requests, pages]",
     )
     _check(seq_lens.is_contiguous(), "seq_lens must be contiguous")
-    per_row = seq_lens.dim() == 2
     _check(
-        seq_lens.numel() == (rows if per_row else requests) and seq_lens.dim() in (1, 2),
-        f"seq_lens {tuple(seq_lens.shape)}: 1-D per request ({requests}) or 2-D per row ({rows})",
+        tuple(seq_lens.shape) in ((requests,), (requests, next_n)),
+        f"seq_lens {tuple(seq_lens.shape)}: 1-D per request ({requests}) or 2-D per row "
+        f"({requests}, {next_n})",
     )
     row_len = candidates.shape[1] * cand_block
     for name, t in (("out_logits", out_logits), ("out_ids", out_ids)):
@@ -174,7 +176,7 @@ def candidate_logits(
         weights, weights.stride(0), out_logits, out_ids, row_len, splits,
     )  # fmt: skip
     meta = dict(
-        SeqLensIs2D=per_row,
+        SeqLensIs2D=seq_lens.dim() == 2,
         StagesPerProgram=per_program,
         Heads=heads,
         HiddenDim=dim,
@@ -230,7 +232,7 @@ def _hook_takes(
         and seq_lens.is_contiguous()
         and (
             (seq_lens.dim() == 1 and seq_lens.numel() == batch)
-            or (seq_lens.dim() == 2 and seq_lens.numel() == rows)
+            or (seq_lens.dim() == 2 and tuple(seq_lens.shape) == (batch, next_n))
         )
         and block_table.dtype == int32
         and block_table.dim() == 2
