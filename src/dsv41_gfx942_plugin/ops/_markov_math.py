@@ -5,12 +5,16 @@ approximation, the order keys and block winners, and gfx942's program order for 
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
-from vllm.v1.worker.gpu.sample.gumbel import _log1p_neg_stable, spec_step_seed
+from vllm.v1.worker.gpu.sample.gumbel import (
+    _DRAFT_NOISE_SALT,
+    _log1p_neg_stable,
+    spec_step_seed,
+)
 
 # An int64 key below every real one (masked tokens; the winners' reset value).
 KEY_MIN = tl.constexpr(-(2**63))
-# vLLM's offset salt of drafting positions (gumbel.py's _DRAFT_NOISE_SALT).
-DRAFT_NOISE_SALT = tl.constexpr(1 << 30)
+# vLLM's offset salt of drafting positions, its own constant (1 << 30 in 0.33.0).
+DRAFT_NOISE_SALT = _DRAFT_NOISE_SALT
 # Bound on |fast noise - vLLM's noise| over every uniform vLLM draws (fp32 in [2**-33, 1]). The
 # GPU test measures it exhaustively on the GPU at hand and requires at most a quarter of this
 # (H200: 2.05e-5, the series below 2**-7, whose error is within u**2 / 3 = 2**-15.6).
