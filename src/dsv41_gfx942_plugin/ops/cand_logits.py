@@ -108,8 +108,8 @@ def candidate_logits(
     weights `[rows, heads]` FP32; block_table one row of pages per request; seq_lens as vLLM's
     decode metadata holds them (1-D per request, or `[requests, next_n]`: a row's columns then
     end at its own length and, as AITER's dense kernel writes them, before `seq_lens[b, -1] -
-    next_n + j + 1`); candidates `[rows, blocks]` int32 with
-    -1 padding; out_logits (fp32) and out_ids (int32) contiguous `[rows, blocks * cand_block]`.
+    next_n + j + 1`); candidates `[rows, blocks]` int32 with -1 padding; out_logits (fp32) and
+    out_ids (int32) contiguous `[rows, blocks * cand_block]`.
     `stages_per_program=0` takes STAGES_PER_PROGRAM. `portable` picks the twin (default: the
     twin everywhere but gfx942)."""
     if q_fp8.dim() != 3 or not q_fp8.dtype.is_floating_point or q_fp8.element_size() != 1:
