@@ -821,21 +821,25 @@ def test_twin_rows_end_where_the_dense_logits_do(lens):
     assert case.live_ends != case.ends  # some row ends one past its dense logits
     live = check_against_reference(case)
     ids = run_candidate_logits(case)[1].cpu()
+    dead = 0
     for r, (end, stop) in enumerate(zip(case.ends, case.live_ends, strict=True)):
         if stop < end and (case.candidates[r].cpu() == stop // case.cand_block).any():
             assert not (ids[r] == stop).any()  # a candidate column, dead
-    assert live.any()
+            dead += 1
+    assert live.any() and dead > 0
 
 
 @pytest.mark.gpu
 @needs_cuda
 def test_twin_blocks_cross_pages_and_short_rows():
     """Candidate blocks of 12 columns straddle 32-key pages; rows end inside blocks, at 0, and
-    far before the candidate span; the stage count exceeds the row (stages_per_program=3)."""
+    far before the candidate span; the stage count exceeds the row (stages_per_program=3). The
+    2-D ends are ones vLLM's builder makes (each row one past the one before it)."""
     case = make_case(
-        lens=[1000, 33, 250], next_n=2, heads=32, page_size=32, blocks=50, cand_block=12,
-        per_row=True, row_ends=[999, 0, 33, 5, 250, 131], device="cuda", seed=7,
+        lens=[1000, 33, 250, 1], next_n=2, heads=32, page_size=32, blocks=50, cand_block=12,
+        per_row=True, row_ends=[999, 1000, 32, 33, 131, 132, 0, 1], device="cuda", seed=7,
     )  # fmt: skip
+    assert case.live_ends == case.ends
     for stages in (0, 3):
         check_against_reference(case, stages_per_program=stages)
 

@@ -296,7 +296,8 @@ def _dense_check(layer, q, kv_cache, weights, decode, spare: dict, variant: tupl
         _cand_checked.add(variant)
         del spare["dense"]
         logger.info("dsv41_gfx942: candidate logits equal vLLM's dense logits at %d candidate "
-                    "columns (heads, page size, length dims %s); the hook serves them",
+                    "columns (heads, page size, length dims, next_n, compress ratio: %s); the hook "
+                    "serves them",
                     live_n, variant)  # fmt: skip
         return True
 
