@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from vllm.v1.worker.gpu.sample.gumbel import murmur3_uniform32, spec_step_seed
+from vllm.v1.worker.gpu.sample.gumbel import _DRAFT_NOISE_SALT, murmur3_uniform32, spec_step_seed
 
 from dsv41_gfx942_plugin.ops import _markov_math as M
 
@@ -28,7 +28,7 @@ def swapped_pair(spec, vocab: int, bv: int, fast_log: str):
     first draft step, and vLLM's winner between them when their logits are equal; None when that
     row has no such pair. Noise keyed as the step kernel keys it (seed, salted position, token)."""
     req = int(spec.sample_idx_mapping[0])
-    pos = int(spec.sample_pos[0]) - 1 + M.DRAFT_NOISE_SALT.value
+    pos = int(spec.sample_pos[0]) - 1 + _DRAFT_NOISE_SALT.value
     exact = torch.empty(vocab, device=spec.seeds.device)
     fast = torch.empty_like(exact)
     _noises[(triton.cdiv(vocab, 1024),)](exact, fast, spec.seeds, req, pos, vocab, fast_log)

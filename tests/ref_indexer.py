@@ -21,14 +21,19 @@ NEG = float("-inf")
 def topk_ends(seq_lens: torch.Tensor, rows: int, next_n: int) -> list[int]:
     if seq_lens.dim() == 2:
         return [max(0, int(v)) for v in seq_lens.reshape(-1)[:rows]]
-    return [max(0, int(seq_lens[r // next_n]) - next_n + r % next_n + 1) for r in range(rows)]
+    return dense_ends(seq_lens, rows, next_n)  # 1-D: the same causal end
+
+
+def request_lens(seq_lens: torch.Tensor) -> torch.Tensor:
+    """One length a request, as vLLM's ``_per_sequence_context_lens`` hands AITER's dense
+    kernel: a 2-D table's last column."""
+    return seq_lens[:, -1] if seq_lens.dim() == 2 else seq_lens
 
 
 def dense_ends(seq_lens: torch.Tensor, rows: int, next_n: int) -> list[int]:
-    """Where AITER's dense logits of each row end (-inf from there): handed one length a
-    request (vLLM's ``_per_sequence_context_lens``: a 2-D table's last column), its kernel
-    writes -inf from ``last - next_n + j + 1`` on."""
-    last = seq_lens[:, -1] if seq_lens.dim() == 2 else seq_lens
+    """Where AITER's dense logits of each row end (-inf from there): handed ``request_lens``,
+    its kernel writes -inf from ``last - next_n + j + 1`` on."""
+    last = request_lens(seq_lens)
     return [max(0, int(last[r // next_n]) - next_n + r % next_n + 1) for r in range(rows)]
 
 
@@ -143,7 +148,7 @@ class PagedLogits:
                  max_model_len, compress_ratio=1):  # fmt: skip
         next_n = q_fp8.shape[1]
         logits = self.raw(q_fp8)
-        last = context_lens[:, -1] if context_lens.dim() == 2 else context_lens
+        last = request_lens(context_lens)
         for r, end in enumerate(dense_ends(context_lens, logits.shape[0], next_n)):
             stop = max(0, int(last[r // next_n]))
             logits[r, end:stop] = NEG

@@ -13,8 +13,6 @@ from vllm.v1.worker.gpu.sample.gumbel import (
 
 # An int64 key below every real one (masked tokens; the winners' reset value).
 KEY_MIN = tl.constexpr(-(2**63))
-# vLLM's offset salt of drafting positions, its own constant (1 << 30 in 0.33.0).
-DRAFT_NOISE_SALT = _DRAFT_NOISE_SALT
 # Bound on |fast noise - vLLM's noise| over every uniform vLLM draws (fp32 in [2**-33, 1]). The
 # GPU test measures it exhaustively on the GPU at hand and requires at most a quarter of this
 # (H200: 2.05e-5, the series below 2**-7, whose error is within u**2 / 3 = 2**-15.6).
@@ -84,7 +82,7 @@ def _draft_noise_key(seed, pos, step):
     """The (seed, position) that vLLM's ``gumbel_sample`` keys a draft step's noise by: the
     request's seed mixed with the step, and the position before the sampled token, salted. The
     step and verify kernels both draw with it, so their noises are the same draws."""
-    return spec_step_seed(seed, step), pos - 1 + DRAFT_NOISE_SALT
+    return spec_step_seed(seed, step), pos - 1 + _DRAFT_NOISE_SALT  # vLLM's, 1 << 30
 
 
 @triton.jit
