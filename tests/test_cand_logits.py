@@ -381,8 +381,8 @@ def test_candidate_logits_launch(monkeypatch, fp8, kernel, per_program):
 
 
 def hook_args(**change):
-    """A call the hook takes (on a GPU): 2 requests x 3 drafts, 64 heads, pages of 64."""
-    batch, next_n, heads = 2, 3, 64
+    """A call the hook takes (on a GPU): 3 requests x 2 rows (MTP-1), 64 heads, pages of 64."""
+    batch, next_n, heads = 3, 2, 64
     rows = batch * next_n
     args = dict(
         q_fp8=torch.zeros(batch, next_n, heads, 128, dtype=torch.float8_e4m3fnuz),
@@ -405,15 +405,24 @@ REFUSED = {
     "not AITER's Gluon logits": dict(dense_is_aiter_gluon=False),
     "padding": dict(requires_padding=True),
     "top-2048": dict(topk_tokens=2048),
-    "16 heads": dict(q_fp8=torch.zeros(2, 3, 16, 128, dtype=torch.float8_e4m3fnuz)),
-    "dim 64": dict(q_fp8=torch.zeros(2, 3, 64, 64, dtype=torch.float8_e4m3fnuz)),
+    "16 heads": dict(q_fp8=torch.zeros(3, 2, 16, 128, dtype=torch.float8_e4m3fnuz)),
+    "dim 64": dict(q_fp8=torch.zeros(3, 2, 64, 64, dtype=torch.float8_e4m3fnuz)),
     "q 3-D": dict(q_fp8=torch.zeros(6, 64, 128, dtype=torch.float8_e4m3fnuz)),
-    "q bf16": dict(q_fp8=torch.zeros(2, 3, 64, 128, dtype=torch.bfloat16)),
-    "q strided": dict(q_fp8=torch.zeros(2, 3, 128, 128, dtype=torch.float8_e4m3fnuz)[:, :, ::2]),
+    "q bf16": dict(q_fp8=torch.zeros(3, 2, 64, 128, dtype=torch.bfloat16)),
+    "q strided": dict(q_fp8=torch.zeros(3, 2, 128, 128, dtype=torch.float8_e4m3fnuz)[:, :, ::2]),
+    # 2 requests x 3 draft rows: vLLM 0.33 on ROCm flattens these; AITER's dense kernel would
+    # leave a row's dead columns before its last 128-column stage finite.
+    "next_n 3": dict(
+        q_fp8=torch.zeros(2, 3, 64, 128, dtype=torch.float8_e4m3fnuz),
+        seq_lens=torch.full((2,), 300, dtype=torch.int32),
+        block_table=torch.zeros(2, 8, dtype=torch.int32),
+    ),
     "cache fp8": dict(kv_cache=strided_cache(8, 64, 128, 0, "cpu").view(torch.float8_e4m3fnuz)),
     "cache dim 64": dict(kv_cache=strided_cache(8, 64, 64, 0, "cpu")),
     "page 8": dict(kv_cache=strided_cache(8, 8, 128, 0, "cpu")),
     "page 1": dict(kv_cache=strided_cache(8, 1, 128, 0, "cpu")),
+    "page 48": dict(kv_cache=strided_cache(8, 48, 128, 0, "cpu")),
+    "page 256": dict(kv_cache=strided_cache(8, 256, 128, 0, "cpu")),  # AITER's other pipeline
     "page stride 2": dict(kv_cache=strided_cache(8, 64, 128, 2, "cpu")),
     "cache 3-D": dict(kv_cache=torch.zeros(8, 64, 132, dtype=torch.uint8)),
     # Layouts split_cache raises on (a ValueError would turn the hook off for the process).
@@ -431,13 +440,13 @@ REFUSED = {
     "weights fp16": dict(weights=torch.zeros(8, 64, dtype=torch.float16)),
     "weights strided": dict(weights=torch.zeros(8, 128)[:, ::2]),
     "weights short": dict(weights=torch.zeros(5, 64)),
-    "seq_lens int64": dict(seq_lens=torch.full((2,), 300, dtype=torch.int64)),
+    "seq_lens int64": dict(seq_lens=torch.full((3,), 300, dtype=torch.int64)),
     "seq_lens wrong count": dict(seq_lens=torch.full((4,), 300, dtype=torch.int32)),
-    "seq_lens strided": dict(seq_lens=torch.full((4,), 300, dtype=torch.int32)[::2]),
+    "seq_lens strided": dict(seq_lens=torch.full((6,), 300, dtype=torch.int32)[::2]),
     "seq_lens [rows, 1]": dict(seq_lens=torch.full((6, 1), 300, dtype=torch.int32)),
-    "block table int64": dict(block_table=torch.zeros(2, 8, dtype=torch.int64)),
-    "block table strided": dict(block_table=torch.zeros(2, 16, dtype=torch.int32)[:, ::2]),
-    "block table short": dict(block_table=torch.zeros(1, 8, dtype=torch.int32)),
+    "block table int64": dict(block_table=torch.zeros(3, 8, dtype=torch.int64)),
+    "block table strided": dict(block_table=torch.zeros(3, 16, dtype=torch.int32)[:, ::2]),
+    "block table short": dict(block_table=torch.zeros(2, 8, dtype=torch.int32)),
     "candidates int64": dict(candidates=torch.zeros(8, 2048, dtype=torch.int64)),
     "candidates strided": dict(candidates=torch.zeros(8, 4096, dtype=torch.int32)[:, ::2]),
     "candidates short": dict(candidates=torch.zeros(5, 2048, dtype=torch.int32)),
@@ -454,15 +463,22 @@ REFUSED = {
 def test_hook_takes_the_base_call():
     """The base call passes every check, so each refusal below is caused by its one change."""
     assert cand_logits._hook_takes(**hook_args())
-    # 2-D lengths, one per row, are taken too; so are 513 candidate columns.
-    assert cand_logits._hook_takes(**hook_args(seq_lens=torch.zeros(2, 3, dtype=torch.int32)))
+    # 2-D lengths, one per row, are taken too; so are 513 candidate columns, one row a
+    # request, and the other pages AITER's kernel takes in the same pipeline.
+    assert cand_logits._hook_takes(**hook_args(seq_lens=torch.zeros(3, 2, dtype=torch.int32)))
+    one = dict(q_fp8=torch.zeros(6, 1, 64, 128, dtype=torch.float8_e4m3fnuz),
+               seq_lens=torch.zeros(6, 1, dtype=torch.int32),
+               block_table=torch.zeros(6, 8, dtype=torch.int32))  # fmt: skip
+    assert cand_logits._hook_takes(**hook_args(**one))
+    for page in (16, 32, 128):
+        assert cand_logits._hook_takes(**hook_args(kv_cache=strided_cache(8, page, 128, 0, "cpu")))
     assert cand_logits._hook_takes(
         **hook_args(candidates=torch.zeros(8, 513, dtype=torch.int32), block_size=1)
     )
     # Buffers of exactly the step's rows and requests (vLLM's at a full batch).
     exact = dict(weights=torch.zeros(6, 64), candidates=torch.zeros(6, 2048, dtype=torch.int32),
                  indices=torch.zeros(6, 512, dtype=torch.int32),
-                 block_table=torch.zeros(2, 8, dtype=torch.int32))  # fmt: skip
+                 block_table=torch.zeros(3, 8, dtype=torch.int32))  # fmt: skip
     assert cand_logits._hook_takes(**hook_args(**exact))
 
 
@@ -504,10 +520,10 @@ def test_hook_hands_compact_rows_to_the_top_k(fake_topk):
     assert cand_logits.candidate_logits_top_k(**args) is True
     q, cache, weights, seq_lens, next_n, table, cand, block, logits, ids = fake_topk["logits"]
     assert q.shape == (6, 64, 128) and q.data_ptr() == args["q_fp8"].data_ptr()
-    assert weights.shape == (6, 64) and cand.shape == (6, 2048) and next_n == 3 and block == 8
+    assert weights.shape == (6, 64) and cand.shape == (6, 2048) and next_n == 2 and block == 8
     assert logits.shape == ids.shape == (6, 2048 * 8) and ids.dtype == torch.int32
     t_logits, t_ids, t_lens, t_next_n, indices = fake_topk["topk"]
-    assert t_logits is logits and t_ids is ids and t_lens is seq_lens and t_next_n == 3
+    assert t_logits is logits and t_ids is ids and t_lens is seq_lens and t_next_n == 2
     assert indices.shape == (6, 512) and indices.data_ptr() == args["indices"].data_ptr()
 
 

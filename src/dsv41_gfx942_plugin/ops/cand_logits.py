@@ -35,6 +35,15 @@ MAX_ROW = 16384
 # which stands in for it: candidate_logits refuses others, the hook declines them.
 HEADS = (32, 64)
 HEAD_DIM = 128
+# Where AITER's dense kernel (ROCm/aiter gluon/pa_mqa_logits.py, the preshuffle pipeline) ends a
+# row's finite logits where the candidate rows end theirs, so the hook takes only these:
+# - pages of 16-128 keys dividing its 128-key stage; larger pages take its other pipeline,
+#   whose key offsets are 32-bit;
+# - next_n <= 2: it writes the causal -inf only in a split's last 128-column stage, so with
+#   more draft rows a row's dead columns before that stage stay finite there. vLLM 0.33 on ROCm
+#   passes next_n 1 or 2 natively and flattens more (`_supports_native_decode`).
+AITER_PAGES = (16, 32, 64, 128)
+AITER_NEXT_N = 2
 
 
 def _fp8_dtype() -> torch.dtype:
@@ -213,11 +222,12 @@ def _hook_takes(
         and heads in HEADS
         and dim == HEAD_DIM
         and rows > 0
+        and next_n <= AITER_NEXT_N
         and kv_cache.dtype == torch.uint8
         and kv_cache.dim() == 4
         and kv_cache.shape[2] == 1
         and kv_cache.shape[3] == dim + 4
-        and kv_cache.shape[1] % KEY_GROUP == 0
+        and kv_cache.shape[1] in AITER_PAGES
         and kv_cache.stride(3) == 1
         and kv_cache.stride(1) == kv_cache.shape[3]
         and kv_cache.stride(0) >= kv_cache.shape[1] * kv_cache.shape[3]
@@ -270,9 +280,10 @@ def candidate_logits_top_k(
     Takes only calls whose dense logits would come from AITER's gfx942 Gluon kernel (the caller
     says so in `dense_is_aiter_gluon`: page size > 1, compress ratio not 4, AITER on with its
     paged-MQA logits module importable (vLLM's `paged_mqa_logits_module()`), gfx942),
-    topK 512, 32 or 64 heads of dim 128, q `[batch, next_n, heads, 128]` FP8 contiguous, a uint8
-    cache `[pages, 16k, 1, 132]`, int32 lengths/block table/candidates, unit column strides, no
-    padding and more than 512 candidate columns. It then writes the compact candidate rows and
+    topK 512, 32 or 64 heads of dim 128, q `[batch, next_n, heads, 128]` FP8 contiguous with
+    next_n 1 or 2, a uint8 cache `[pages, page, 1, 132]` with pages of 16, 32, 64 or 128 keys,
+    int32 lengths/block table/candidates, unit column strides, no padding and more than 512
+    candidate columns. It then writes the compact candidate rows and
     their top 512 (`compact_top_k_512` of ops/topk.py) into `indices` and returns True, and vLLM
     skips its dense logits, candidate mask and top-k. Otherwise it returns False having written
     nothing, and vLLM runs its own path. A row's candidate ids are taken as distinct, as layer
