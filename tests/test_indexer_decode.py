@@ -61,9 +61,9 @@ def vllm_env(monkeypatch, clean_plugin):
     monkeypatch.setattr(rocm, "paged_mqa_logits_module", lambda: aiter_logits)
     monkeypatch.setattr(topk, "build", lambda: True)  # "the code object is loaded"
     # As after the process's first reader call compared the candidate logits with vLLM's
-    # (tests of that comparison set it back): one kernel variant, compared.
+    # (tests of that comparison set it back): one kernel variant, compared equal.
     monkeypatch.setattr(indexer, "_cand_variant", lambda *args: "compared")
-    monkeypatch.setattr(indexer, "_cand_checked", {"compared"})
+    monkeypatch.setattr(indexer, "_cand_verdict", {"compared": True})
     monkeypatch.setattr(indexer, "_off", {})
     config = VllmConfig(device_config=DeviceConfig(device="cpu"))
     with set_current_vllm_config(config):
@@ -205,8 +205,8 @@ def test_taking_hooks_match_vllm_decode_branch(vllm_env, monkeypatch, kind, case
         "writer": ["vllm:logits", "hook:select_candidates", "hook:decode_top_k"],
         "reader": ["vllm:logits", "hook:candidate_top_k"],
     }[kind]
-    if kind == "reader":  # the candidate-logits hook declines padded steps only
-        expected = ["hook:candidate_logits_top_k"] + (expected if case == "padded" else [])
+    if kind == "reader" and case != "padded":  # the candidate logits take all but these
+        expected = ["hook:candidate_logits_top_k"]
     assert vllm_env.calls == expected
     assert counters.stats()["indexer_decode"]["taken"] == 1
 
@@ -333,31 +333,41 @@ def test_candidate_logits_declined_where_vllm_takes_its_torch_logits(vllm_env, m
                      oracle_layer.topk_indices_buffer[: meta.num_decode_tokens])  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("check_rows", "case"), [(64, "mtp_2d"), (3, "mtp_2d"), (64, "mtp_2d_odd")]
-)
+# The calls of a probe (cand_probe.probe_step): the stand-in kernel hands the check its compact
+# rows, and the check asks vLLM's dense logits of the same synthetic step.
+PROBE = ["hook:candidate_logits_top_k", "vllm:logits"]
+
+
+@pytest.mark.parametrize(("case", "ratio"), [("mtp_2d", 1), ("lens_1d", 1), ("mtp_2d_odd", 2)])
 def test_first_candidate_logits_are_compared_with_vllms_dense_logits(
-    vllm_env, monkeypatch, plugin_log, check_rows, case
+    vllm_env, monkeypatch, plugin_log, case, ratio
 ):
-    """The process's first candidate-logits call hands the hook a check against vLLM's dense
-    logits of the step (one more call of vLLM's logits); equal, the hook serves, and later
-    calls are not checked. With ``check_rows`` 3 the 8 rows are compared 3 at a time. With
-    ratio 2's lengths ("mtp_2d_odd": the first row of a request ends one past its dense logits,
-    which are -inf there) the kernel's columns end with the dense logits, and they compare
-    equal."""
-    monkeypatch.setattr(indexer, "_cand_checked", set())
-    monkeypatch.setattr(indexer, "CHECK_ROWS", check_rows)
+    """The first candidate-logits call of a variant outside capture compares the kernel with
+    vLLM's dense logits on a synthetic step (its own rows would do: vLLM's warm-up runs dummy
+    rows); equal, the hook serves that call and every later one, unchecked. At compress ratio 2
+    the probe's 2-D lengths hold rows ending one column past the dense logits, which compare
+    equal where the kernel's columns end with the dense logits."""
+    monkeypatch.setattr(indexer, "_cand_verdict", {})
     plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "reader", case)
+    for layer in (plugin_layer, oracle_layer):
+        layer.compress_ratio = ratio
     install_hooks(monkeypatch, vllm_env, take=True)
+    probed = []
+    build = indexer.cand_probe.probe_step
+    monkeypatch.setattr(indexer.cand_probe, "probe_step",
+                        lambda *a, **k: probed.append(build(*a, **k)) or probed[-1])  # fmt: skip
     run(vllm_env, oracle_layer, meta, q, n, plugin=False)
-    for expected in (["hook:candidate_logits_top_k", "vllm:logits"],
-                     ["hook:candidate_logits_top_k"]):  # fmt: skip
+    for expected in ([*PROBE, "hook:candidate_logits_top_k"], ["hook:candidate_logits_top_k"]):
         vllm_env.calls.clear()
         run(vllm_env, plugin_layer, meta, q, n)
         assert vllm_env.calls == expected
         assert_same_rows(plugin_layer.topk_indices_buffer[: meta.num_decode_tokens],
                          oracle_layer.topk_indices_buffer[: meta.num_decode_tokens])  # fmt: skip
-    assert indexer._cand_checked
+    assert indexer._cand_verdict == {"compared": True}
+    [step] = probed
+    assert step.seq_lens.dim() == meta.decode.seq_lens.dim() and step.q.shape[1] == 2
+    if ratio == 2:  # a request's first row ends past its last row's dense logits
+        assert (step.seq_lens[:, 0] == step.seq_lens[:, 1]).any()
     infos = [r.getMessage() for r in plugin_log.records if "equal vLLM's dense" in r.getMessage()]
     assert len(infos) == 1
 
@@ -368,12 +378,11 @@ def test_each_candidate_kernel_variant_is_compared(vllm_env, monkeypatch):
     plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "reader", "mtp_2d")
     install_hooks(monkeypatch, vllm_env, take=True)
     monkeypatch.setattr(indexer, "_cand_variant", lambda *args: "pages of 64")
-    for expected in (["hook:candidate_logits_top_k", "vllm:logits"],
-                     ["hook:candidate_logits_top_k"]):  # fmt: skip
+    for expected in ([*PROBE, "hook:candidate_logits_top_k"], ["hook:candidate_logits_top_k"]):
         vllm_env.calls.clear()
         run(vllm_env, plugin_layer, meta, q, n)
         assert vllm_env.calls == expected
-    assert indexer._cand_checked == {"compared", "pages of 64"}
+    assert indexer._cand_verdict == {"compared": True, "pages of 64": True}
 
 
 def test_candidate_kernel_variants():
@@ -400,59 +409,53 @@ def _skewed_hook(monkeypatch, env, skew: str) -> None:
 
 def test_candidate_logits_compared_as_the_top_k_reads_them(vllm_env, monkeypatch):
     """-0 where vLLM has +0 orders alike: equal, the hook serves."""
-    monkeypatch.setattr(indexer, "_cand_checked", set())
+    monkeypatch.setattr(indexer, "_cand_verdict", {})
     plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "reader", "mtp_2d")
     install_hooks(monkeypatch, vllm_env, take=True)
     _skewed_hook(monkeypatch, vllm_env, "zero sign")
     run(vllm_env, plugin_layer, meta, q, n)
-    assert vllm_env.calls == ["hook:candidate_logits_top_k", "vllm:logits"]
-    assert indexer._cand_checked
+    assert vllm_env.calls == [*PROBE, "hook:candidate_logits_top_k"]
+    assert indexer._cand_verdict == {"compared": True}
 
 
-def test_candidate_logits_of_too_few_columns_are_not_judged(vllm_env, monkeypatch):
-    """A step with fewer meaningful columns than MIN_COMPARED (vLLM's warm-up runs dummy rows)
-    declines, unjudged: vLLM's path serves it, and a later step compares."""
-    monkeypatch.setattr(indexer, "_cand_checked", set())
+def probe_then_vllms_path(env, plugin_layer, oracle_layer, meta, q, n):
+    """Two steps of a variant whose probe does not let the hook serve: the first probes, and
+    both take vLLM's dense logits and candidate top-k, with vLLM's index sets."""
+    run(env, oracle_layer, meta, q, n, plugin=False)
+    rest = ["vllm:logits", "hook:candidate_top_k"]
+    for expected in ([*PROBE, *rest], rest):
+        env.calls.clear()
+        run(env, plugin_layer, meta, q, n)
+        assert env.calls == expected
+        assert_same_rows(plugin_layer.topk_indices_buffer[: meta.num_decode_tokens],
+                         oracle_layer.topk_indices_buffer[: meta.num_decode_tokens])  # fmt: skip
+
+
+def test_candidate_logits_of_too_few_columns_are_not_judged(vllm_env, monkeypatch, plugin_log):
+    """A probe with fewer meaningful columns than MIN_COMPARED (a very narrow reader layer)
+    judges nothing: that variant keeps vLLM's path, is not probed again, and the hook stays
+    on for other variants."""
+    monkeypatch.setattr(indexer, "_cand_verdict", {})
+    monkeypatch.setattr(indexer, "MIN_COMPARED", 10**9)
     plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "reader", "mtp_2d")
     install_hooks(monkeypatch, vllm_env, take=True)
-    run(vllm_env, oracle_layer, meta, q, n, plugin=False)
-    monkeypatch.setattr(indexer, "MIN_COMPARED", 10**9)
-    vllm_env.calls.clear()
-    run(vllm_env, plugin_layer, meta, q, n)
-    # The comparison's dense logits serve vLLM's path too: computed once.
-    assert vllm_env.calls == ["hook:candidate_logits_top_k", "vllm:logits",
-                              "hook:candidate_top_k"]  # fmt: skip
-    assert not indexer._cand_checked and indexer._off == {}
-    assert_same_rows(plugin_layer.topk_indices_buffer[: meta.num_decode_tokens],
-                     oracle_layer.topk_indices_buffer[: meta.num_decode_tokens])  # fmt: skip
-    monkeypatch.setattr(indexer, "MIN_COMPARED", 2048)
-    vllm_env.calls.clear()
-    run(vllm_env, plugin_layer, meta, q, n)
-    assert vllm_env.calls == ["hook:candidate_logits_top_k", "vllm:logits"]
-    assert indexer._cand_checked
+    probe_then_vllms_path(vllm_env, plugin_layer, oracle_layer, meta, q, n)
+    assert indexer._cand_verdict == {"compared": False} and indexer._off == {}
+    assert any("not compared" in r.getMessage() for r in plugin_log.records)
 
 
 @pytest.mark.parametrize("skew", ["last bit", "last bit at 0"])
 def test_candidate_logits_that_differ_from_vllms_stay_off(vllm_env, monkeypatch, plugin_log,
                                                           skew):  # fmt: skip
-    """One last-bit difference at one candidate column (the first live one, or column 0): the
-    hook declines (vLLM's dense logits, mask or candidate top-k, and top-k serve, the same
-    index sets as vLLM's) and stays off."""
-    monkeypatch.setattr(indexer, "_cand_checked", set())
+    """One last-bit difference at one candidate column of the probe (the first live one, or
+    column 0): the hook declines (vLLM's dense logits, mask or candidate top-k, and top-k
+    serve, the same index sets as vLLM's) and stays off."""
+    monkeypatch.setattr(indexer, "_cand_verdict", {})
     plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "reader", "mtp_2d")
-    for layer in (plugin_layer, oracle_layer):
-        layer.candidate_blocks[0, 0] = 0  # column 0 is a live candidate of row 0
     install_hooks(monkeypatch, vllm_env, take=True)
     _skewed_hook(monkeypatch, vllm_env, skew)
-    run(vllm_env, oracle_layer, meta, q, n, plugin=False)
-    first = ["hook:candidate_logits_top_k", "vllm:logits", "hook:candidate_top_k"]
-    for expected in (first, ["vllm:logits", "hook:candidate_top_k"]):
-        vllm_env.calls.clear()
-        run(vllm_env, plugin_layer, meta, q, n)
-        assert vllm_env.calls == expected
-        assert_same_rows(plugin_layer.topk_indices_buffer[: meta.num_decode_tokens],
-                         oracle_layer.topk_indices_buffer[: meta.num_decode_tokens])  # fmt: skip
-    assert not indexer._cand_checked
+    probe_then_vllms_path(vllm_env, plugin_layer, oracle_layer, meta, q, n)
+    assert indexer._cand_verdict == {"compared": False}
     warnings = [r.getMessage() for r in plugin_log.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "differ from vLLM's dense logits at 1 of" in warnings[0]
     reasons = counters.stats()["candidate_logits_top_k"]["reasons"]
@@ -463,15 +466,15 @@ def test_candidate_logits_are_not_compared_inside_graph_capture(vllm_env, monkey
     """Capture cannot read the comparison's result: before it has compared, the hook declines
     before any candidate kernel runs (none is captured), and the comparison stays to be done
     by the next eager call."""
-    monkeypatch.setattr(indexer, "_cand_checked", set())
+    monkeypatch.setattr(indexer, "_cand_verdict", {})
     plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "reader", "mtp_2d")
     install_hooks(monkeypatch, vllm_env, take=True)
     monkeypatch.setattr(indexer, "_capturing", lambda t: True)
     run(vllm_env, plugin_layer, meta, q, n)
     assert vllm_env.calls == ["vllm:logits", "hook:candidate_top_k"]  # no candidate kernel
-    assert not indexer._cand_checked and indexer._off == {}
+    assert not indexer._cand_verdict and indexer._off == {}
     # A variant compared before capture (in vLLM's eager warm-up) is captured: the hook serves.
-    indexer._cand_checked.add("compared")
+    indexer._cand_verdict["compared"] = True
     vllm_env.calls.clear()
     run(vllm_env, plugin_layer, meta, q, n)
     assert vllm_env.calls == ["hook:candidate_logits_top_k"]
@@ -779,26 +782,37 @@ def test_code_object_loaded_when_a_layer_is_built(vllm_env, monkeypatch, on):
 
 
 def test_candidate_logits_of_zero_are_not_proof(vllm_env, monkeypatch):
-    """A warm-up step's zeroed queries make every dense logit 0: however many live columns
-    compare equal, nothing meaningful was compared, so the hook declines, unjudged."""
-    monkeypatch.setattr(indexer, "_cand_checked", set())
+    """Dense logits all 0 (keys or queries of zeros): however many live columns compare
+    equal, nothing meaningful was compared, so the variant keeps vLLM's path, unjudged."""
+    monkeypatch.setattr(indexer, "_cand_verdict", {})
     monkeypatch.setattr(indexer, "MIN_COMPARED", 1)
     plugin_layer, _, meta, q, n = pair(vllm_env, "reader", "mtp_2d")
+    vllm_env.logits.proj.zero_()
     install_hooks(monkeypatch, vllm_env, take=True)
-    run(vllm_env, plugin_layer, meta, torch.zeros_like(q), n)
-    assert vllm_env.calls == ["hook:candidate_logits_top_k", "vllm:logits",
-                              "hook:candidate_top_k"]  # fmt: skip
-    assert not indexer._cand_checked and indexer._off == {}
+    run(vllm_env, plugin_layer, meta, q, n)
+    assert vllm_env.calls == [*PROBE, "vllm:logits", "hook:candidate_top_k"]
+    assert indexer._cand_verdict == {"compared": False} and indexer._off == {}
 
 
 def test_candidate_logits_nan_where_vllms_are_nan_serve(vllm_env, monkeypatch):
     """NaN in the compact rows where vLLM's dense logits hold NaN too is equal (the top-k ranks
     both alike): the hook serves."""
-    monkeypatch.setattr(indexer, "_cand_checked", set())
+    monkeypatch.setattr(indexer, "_cand_verdict", {})
     plugin_layer, _, meta, q, n = pair(vllm_env, "reader", "mtp_2d")
-    plugin_layer.candidate_blocks[0, 0] = 3
     vllm_env.logits.proj[:, 3 * CB] = float("nan")  # column 24: NaN in every row, both paths
     install_hooks(monkeypatch, vllm_env, take=True)
+    nan_compared = []  # whether the probe's compact rows held a live NaN
+    call = ref.CandidateLogitsTopK.__call__
+
+    def spying(self, *args):
+        if len(args) == 12:  # the probe's call, with its check last
+            *rest, check = args
+            args = (*rest, lambda logits, ids: nan_compared.append(
+                bool(logits[ids >= 0].isnan().any())) or check(logits, ids))  # fmt: skip
+        return call(self, *args)
+
+    monkeypatch.setattr(ref.CandidateLogitsTopK, "__call__", spying)
     run(vllm_env, plugin_layer, meta, q, n)
-    assert vllm_env.calls == ["hook:candidate_logits_top_k", "vllm:logits"]
-    assert indexer._cand_checked and indexer._off == {}
+    assert vllm_env.calls == [*PROBE, "hook:candidate_logits_top_k"]
+    assert nan_compared == [True]
+    assert indexer._cand_verdict == {"compared": True} and indexer._off == {}

@@ -1,11 +1,13 @@
 """Per-process counters of each hook's host-side decisions: taken, declined, and why.
 
-A hook records one decision each time its Python runs. In vLLM's breakable-graph mode (the
-ROCm default for DeepSeek-V4.1) the indexer's Python runs every step, so the counts are steps;
-under FULL CUDA graphs the Python runs only while a graph is captured, so they count captures,
-not replays. The status command runs in another process and cannot see these; read them with
-``dsv41_gfx942_plugin.stats()`` inside the vLLM process. A process that records a decision logs
-the counts at exit (one INFO line), whichever of its patches made them.
+A hook records one decision each time its Python runs. On steps that run the breakable graphs
+vLLM turns on for DeepSeek-V4.1 on ROCm (mixed steps, and decode steps above the largest capture
+size) the indexer's Python runs every step, so the counts are steps; uniform decode steps
+replay FULL CUDA graphs (vLLM's default), whose Python runs only while a graph is captured, so
+there they count captures, not replays. The status command runs in another process and cannot
+see these; read them with ``dsv41_gfx942_plugin.stats()`` inside the vLLM process. A process
+that records a decision logs the counts at exit (one INFO line), whichever of its patches made
+them.
 """
 
 from __future__ import annotations

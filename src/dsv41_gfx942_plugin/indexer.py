@@ -13,7 +13,8 @@ at every step, so it chooses per step between
 A layer with an MXFP4 cache, or with AITER off, never reaches it: ``forward_hip`` hands it to
 vLLM's own ``forward_hip``, whose dispatch decides (without AITER on gfx942, it raises).
 
-Under FULL CUDA graphs the step is captured inline instead, and every host-side choice holds for
+Under FULL CUDA graphs (vLLM's default for uniform decode steps, mixed steps taking the
+breakable graphs) the step is captured inline instead, and every host-side choice holds for
 every replay of that graph: the choices below depend only on shapes, dtypes, the layer's
 configuration and the metadata's structure (never on this step's lengths, which the kernels read
 from device memory), and vLLM keys FULL graphs by batch shape.
@@ -30,7 +31,7 @@ from vllm.v1.attention.backends.mla.indexer import DeepseekV32IndexerMetadata
 from vllm.v1.attention.ops import common as _vllm_common
 from vllm.v1.attention.ops import rocm_aiter_mla_sparse as _vllm_rocm
 
-from . import counters, envs
+from . import cand_probe, counters, envs
 from ._log import logger
 from .ops import _launcher, topk
 
@@ -134,9 +135,9 @@ def _note_step(prefix: str) -> None:
 _off: dict[str, str] = {}
 # Hooks that ran out of GPU memory at least once (warned once each).
 _no_memory: set[str] = set()
-# The candidate-logits kernel variants this process has compared with vLLM's dense logits
-# (_dense_check), as _cand_variant names them.
-_cand_checked: set = set()
+# The candidate-logits kernel variants this process has probed (_cand_probe), as _cand_variant
+# names them: True where they compared equal (the hook serves them), else False.
+_cand_verdict: dict = {}
 
 
 def _hook(name: str, on: bool, call) -> bool:
@@ -195,16 +196,13 @@ def decode_step(layer, meta, num_tokens: int, q_fp8, weights) -> torch.Tensor:
     cands = layer.candidate_blocks
     reader = cands is not None and not layer.candidate_write
 
-    spare: dict = {}  # the dense logits a declining comparison computed (_dense_check)
     done = reader and _hook(
         "candidate_logits_top_k",
         layer.dsv41_cand_logits,
-        lambda: _candidate_logits(layer, decode, q, kv_cache, weights, cands, out, spare),
+        lambda: _candidate_logits(layer, decode, q, kv_cache, weights, cands, out),
     )
     if not done:
-        logits = spare.get("dense")
-        if logits is None or logits.shape[0] != rows:
-            logits = _dense_logits(layer, decode, q, kv_cache, weights, rows)
+        logits = _dense_logits(layer, decode, q, kv_cache, weights, rows)
         done = _candidates(layer, logits, next_n, decode.seq_lens, out, on)
     if not done:
         _top_k(layer, meta, logits, next_n, out, on)
@@ -226,29 +224,30 @@ def _dense_logits(layer, decode, q, kv_cache, weights, rows: int) -> torch.Tenso
     )  # fmt: skip
 
 
-def _candidate_logits(layer, decode, q, kv_cache, weights, cands, out, spare) -> bool:
-    """The candidate-logits hook, with vLLM's dense logits to compare against until a step has
-    compared (``_dense_check``), once for each kernel variant (``_cand_variant``). Inside
-    CUDA-graph capture, where the comparison cannot read its result, a variant not compared yet
-    declines before any kernel runs, and vLLM's path is captured."""
+def _candidate_logits(layer, decode, q, kv_cache, weights, cands, out) -> bool:
+    """The candidate-logits hook, once its kernel variant (``_cand_variant``) has compared equal
+    with vLLM's dense logits on a synthetic step (``_cand_probe``, at the variant's first call
+    outside CUDA-graph capture: vLLM's eager warm-up before it captures a decode graph, or an
+    eager step). Inside capture a variant not compared yet declines before any kernel runs, and
+    vLLM's path is captured."""
+    if decode.requires_padding:
+        return False  # the hook takes no padded step: nothing to compare for
     variant = _cand_variant(q, kv_cache, decode.seq_lens, layer.compress_ratio)
-    checked = variant in _cand_checked
-    if not checked and _capturing(q):
-        return False
-    check = None if checked else _dense_check(layer, q, kv_cache, weights, decode, spare, variant)
-    return topk.candidate_logits_top_k(
+    verdict = _cand_verdict.get(variant)
+    if verdict is None:
+        if _capturing(q):
+            return False
+        verdict = _cand_verdict[variant] = _cand_probe(layer, decode, q, kv_cache, variant)
+    return verdict and topk.candidate_logits_top_k(
         q, kv_cache, weights, decode.seq_lens, decode.block_table, cands,
         layer.candidate_block_size, out, layer.topk_tokens,
-        _dense_is_aiter_gluon(kv_cache, layer.compress_ratio), decode.requires_padding, check,
+        _dense_is_aiter_gluon(kv_cache, layer.compress_ratio), False,
     )  # fmt: skip
 
 
-# Live candidate columns with a finite, nonzero dense logit that the comparison needs before
-# it lets the hook serve: vLLM's warm-up and memory-profiling steps run dummy rows (a few
-# tokens, a zeroed cache), whose logits prove nothing. Steps with fewer decline (vLLM's path)
-# and leave the comparison to a later step. Rows compared at a time: CHECK_ROWS (memory).
+# Live candidate columns with a finite, nonzero dense logit that the comparison needs to judge
+# (random keys make nearly every live column one: a probe of one row of 4096 holds about 3,600).
 MIN_COMPARED = 2048
-CHECK_ROWS = 64
 
 
 def _cand_variant(q, kv_cache, seq_lens, compress_ratio: int) -> tuple:
@@ -259,29 +258,32 @@ def _cand_variant(q, kv_cache, seq_lens, compress_ratio: int) -> tuple:
     return q.shape[-2], kv_cache.shape[1], seq_lens.dim(), q.shape[1], compress_ratio
 
 
-def _dense_check(layer, q, kv_cache, weights, decode, spare: dict, variant: tuple):
-    """The check the candidate-logits hook gets until a step has compared: its compact rows
-    against vLLM's dense logits of the same step at every live candidate column, equal as the
-    top-k compares them (-0 = +0, NaN = NaN). The candidate kernel mirrors one AITER release's
-    arithmetic and no gfx942 GPU has compared the two yet; another AITER build, or a gfx942 that
-    computes otherwise, would change index sets near the cut with no error. Any difference keeps
-    the hook off in this process (one warning; vLLM's dense path runs). Equal over at least
-    MIN_COMPARED meaningful columns: the hook serves ``variant`` from then on, unchecked. A
-    check that declines leaves its dense logits in ``spare`` for vLLM's path of the same step,
-    which would otherwise compute them again (and hold both: rows x max_model_len fp32 each)."""
+def _cand_probe(layer, decode, q, kv_cache, variant: tuple) -> bool:
+    """Whether the hook may serve ``variant``: its compact rows of a synthetic step of that
+    variant (``cand_probe.probe_step``) against vLLM's dense logits of the same step, at every
+    live candidate column, equal as the top-k compares them (-0 = +0, NaN = NaN). The candidate
+    kernel mirrors one AITER release's arithmetic and no gfx942 GPU has compared the two yet;
+    another AITER build, or a gfx942 that computes otherwise, would change index sets near the
+    cut with no error. Any difference keeps the hook off in this process (one warning; vLLM's
+    dense path runs); fewer than MIN_COMPARED columns to judge (a reader layer narrower than
+    about 2,400 columns) keep this variant on vLLM's path. Host syncs: never inside capture."""
+    step = cand_probe.probe_step(
+        q, kv_cache, decode.seq_lens, layer.compress_ratio, layer.max_model_len,
+        layer.candidate_blocks.shape[1], layer.candidate_block_size,
+    )  # fmt: skip
+    verdict: list[bool] = []
 
     def check(logits: torch.Tensor, ids: torch.Tensor) -> bool:
-        rows = logits.shape[0]
-        dense = spare["dense"] = _dense_logits(layer, decode, q, kv_cache, weights, rows)
-        counts = torch.zeros(3, dtype=torch.int64, device=logits.device)  # live, differ, compared
-        for r0 in range(0, rows, CHECK_ROWS):
-            i = ids[r0 : r0 + CHECK_ROWS]
-            live = i >= 0
-            want = dense[r0 : r0 + CHECK_ROWS].gather(1, i.clamp(min=0).long())
-            got = logits[r0 : r0 + CHECK_ROWS]
-            differ = (got != want) & ~(got.isnan() & want.isnan()) & live
-            meaningful = live & want.isfinite() & (want != 0)
-            counts += torch.stack([live.sum(), differ.sum(), meaningful.sum()])
+        dense = _vllm_rocm.rocm_fp8_paged_mqa_logits(
+            step.q, step.kv_cache, step.weights, step.seq_lens, step.block_table,
+            decode.schedule_metadata, max_model_len=layer.max_model_len,
+            compress_ratio=layer.compress_ratio,
+        )  # fmt: skip
+        live = ids >= 0
+        want = dense[: logits.shape[0]].gather(1, ids.clamp(min=0).long())
+        differ = (logits != want) & ~(logits.isnan() & want.isnan()) & live
+        meaningful = live & want.isfinite() & (want != 0)
+        counts = torch.stack([live.sum(), differ.sum(), meaningful.sum()])
         live_n, differ_n, compared = counts.tolist()
         if differ_n:
             _off["candidate_logits_top_k"] = "differed from vLLM's dense logits"
@@ -290,18 +292,24 @@ def _dense_check(layer, q, kv_cache, weights, decode, spare: dict, variant: tupl
                 "candidate columns on this GPU; the hook stays off and vLLM's path runs",
                 differ_n, live_n,
             )  # fmt: skip
-            return False
-        if compared < MIN_COMPARED:
-            return False  # too little to judge (a warm-up's dummy rows): vLLM's path, this once
-        _cand_checked.add(variant)
-        del spare["dense"]
-        logger.info("dsv41_gfx942: candidate logits equal vLLM's dense logits at %d candidate "
-                    "columns (heads, page size, length dims, next_n, compress ratio: %s); the hook "
-                    "serves them",
-                    live_n, variant)  # fmt: skip
-        return True
+        elif compared < MIN_COMPARED:
+            logger.info("dsv41_gfx942: candidate logits not compared (%d columns to judge, "
+                        "variant %s); vLLM's path serves that variant",
+                        compared, variant)  # fmt: skip
+        else:
+            logger.info("dsv41_gfx942: candidate logits equal vLLM's dense logits at %d candidate "
+                        "columns (heads, page size, length dims, next_n, compress ratio: %s); the "
+                        "hook serves them",
+                        live_n, variant)  # fmt: skip
+        verdict.append(not differ_n and compared >= MIN_COMPARED)
+        return verdict[0]
 
-    return check
+    topk.candidate_logits_top_k(
+        step.q, step.kv_cache, step.weights, step.seq_lens, step.block_table, step.candidates,
+        layer.candidate_block_size, step.indices, layer.topk_tokens,
+        _dense_is_aiter_gluon(kv_cache, layer.compress_ratio), False, check,
+    )  # fmt: skip
+    return bool(verdict) and verdict[0]
 
 
 def _capturing(t: torch.Tensor) -> bool:

@@ -291,7 +291,7 @@ def candidate_logits_top_k(
     id would list its columns twice); ids past the row's end, however large, are dead.
     `check(logits, ids)`, when given, sees the compact rows before their top-k; when it returns
     False the hook returns False, `indices` untouched (the indexer's comparison with vLLM's dense
-    logits, ``indexer._dense_check``)."""
+    logits of a synthetic step, ``indexer._cand_probe``)."""
     if not _hook_takes(
         q_fp8, kv_cache, weights, seq_lens, block_table, candidates, block_size, indices,
         topk_tokens, dense_is_aiter_gluon, requires_padding,

@@ -1,0 +1,77 @@
+"""The synthetic step the indexer compares a candidate-logits variant on (cand_probe.py): a step
+of the same variant that the hook's own gate takes, with lengths as vLLM's builder makes them,
+enough live candidate columns to judge, and no more rows than the step it stands for."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ref_indexer
+from dsv41_gfx942_plugin import cand_probe, indexer
+from dsv41_gfx942_plugin.ops import cand_logits
+
+FNUZ = torch.float8_e4m3fnuz
+
+
+def real_step(batch, next_n, dims, heads=64, page=64):
+    """The shapes of a decode step vLLM hands the hook (contents irrelevant to the probe)."""
+    q = torch.zeros(batch, next_n, heads, 128, dtype=FNUZ)
+    cache = torch.zeros(100, page, 1, 132, dtype=torch.uint8)
+    lens = torch.zeros((batch, next_n) if dims == 2 else (batch,), dtype=torch.int32)
+    return q, cache, lens
+
+
+VARIANTS = [  # (requests, next_n, length dims, compress ratio)
+    (1, 1, 2, 1), (24, 1, 2, 1), (3, 2, 2, 1), (3, 2, 2, 2), (2, 2, 1, 1), (256, 2, 2, 2),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("batch", "next_n", "dims", "ratio"), VARIANTS)
+def test_probe_is_a_step_of_the_variant_the_hook_takes(batch, next_n, dims, ratio):
+    q, cache, lens = real_step(batch, next_n, dims)
+    step = cand_probe.probe_step(q, cache, lens, ratio, 65536, 2048, 8, seed=batch)
+    requests = min(batch, cand_probe.PROBE_REQUESTS)
+    rows = requests * next_n
+    variant = indexer._cand_variant(q, cache, lens, ratio)
+    assert indexer._cand_variant(step.q, step.kv_cache, step.seq_lens, ratio) == variant
+    assert step.q.shape == (requests, next_n, 64, 128) and step.q.dtype == FNUZ
+    assert step.weights.shape == (rows, 64) and step.indices.shape == (rows, 512)
+    assert cand_logits._hook_takes(
+        step.q, step.kv_cache, step.weights, step.seq_lens, step.block_table, step.candidates,
+        8, step.indices, 512, True, False,
+    )  # fmt: skip
+    # Lengths as vLLM's builder makes them: the last row of a request ends at its compressed
+    # length; at ratio 2 odd uncompressed lengths end a first row past the dense logits.
+    last = step.seq_lens if dims == 1 else step.seq_lens[:, -1]
+    assert last.max() <= cand_probe.PROBE_LEN and (last >= next_n).all()
+    if dims == 2:
+        steps = step.seq_lens.diff(dim=1)
+        assert ((steps == 0) | (steps == 1)).all() if ratio == 2 else (steps == 1).all()
+        assert (steps == 0).any() == (ratio == 2 and next_n == 2 and requests > 1)
+    own = ref_indexer.topk_ends(step.seq_lens, rows, next_n)
+    live_end = ref_indexer.live_ends(step.seq_lens, rows, next_n)
+    assert (own != live_end) == (ratio == 2 and next_n == 2 and requests > 1)
+    # Pages: a permutation, each request's pages covering its length; keys finite, scales > 0.
+    pages = step.kv_cache.shape[0]
+    assert sorted(step.block_table.flatten().tolist()) == list(range(pages))
+    assert step.block_table.shape[1] * 64 >= int(last.max())
+    flat = step.kv_cache.view(pages, -1)
+    assert flat[:, : 64 * 128].view(FNUZ).float().isfinite().all()
+    assert (flat[:, 64 * 128 :].contiguous().view(torch.float32) >= 0.5).all()
+    # Candidates: distinct block ids a row, an eighth -1, enough live columns to judge.
+    live = 0
+    for r in range(rows):
+        ids = step.candidates[r][step.candidates[r] >= 0]
+        assert ids.unique().numel() == ids.numel() and ids.max() < 2048
+        assert 0.08 < (step.candidates[r] < 0).float().mean() < 0.17
+        cols = (ids[:, None] * 8 + torch.arange(8)).flatten()
+        live += int((cols < live_end[r]).sum())
+    assert live >= indexer.MIN_COMPARED
+
+
+def test_probe_fits_a_narrow_layer():
+    """A reader layer narrower than PROBE_LEN: every length within its width."""
+    q, cache, lens = real_step(2, 2, 2)
+    step = cand_probe.probe_step(q, cache, lens, 2, 1000, 2048, 8)
+    assert int(step.seq_lens.max()) <= 1000 and (step.seq_lens >= 1).all()
