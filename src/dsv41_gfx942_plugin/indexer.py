@@ -119,7 +119,8 @@ def indexer_step(layer, hidden_states, q_fp8, k, weights) -> torch.Tensor:
 
 def _note_step(prefix: str) -> None:
     """Log which hooks serve once, when the first decode step has passed every layer (the
-    first layer comes round again). Costs one comparison a layer after."""
+    first layer comes round again). Under CUDA graphs that step is vLLM's warm-up run before
+    its first capture. Costs one comparison a layer after."""
     global _first_layer, _first_step_logged
     if _first_step_logged:
         return
@@ -127,7 +128,8 @@ def _note_step(prefix: str) -> None:
         _first_layer = prefix
     elif prefix == _first_layer:
         _first_step_logged = True
-        logger.info("dsv41_gfx942: first decode step done; hooks taken/decided: %s",
+        logger.info("dsv41_gfx942: first decode step done (a warm-up's, under CUDA graphs); "
+                    "hooks taken/decided: %s",
                     counters.summary())  # fmt: skip
 
 
