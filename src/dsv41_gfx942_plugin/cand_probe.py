@@ -35,7 +35,9 @@ def probe_step(q, kv_cache, seq_lens, compress_ratio: int, width: int, cand_slot
     requests = min(batch, PROBE_REQUESTS)
     rows = requests * next_n
     g = torch.Generator().manual_seed(seed)
-    longest = max(next_n + 1, min(PROBE_LEN, width))
+    # Within whole pages of the width: AITER's dense kernel writes a row's -inf tail up to the
+    # next page boundary, over the next row's first columns when that is past the width.
+    longest = max(next_n + 1, min(PROBE_LEN, width - width % page))
     lens = [max(next_n, longest - 37 * b) for b in range(requests)]  # compressed
     if seq_lens.dim() == 1:
         table = torch.tensor(lens, dtype=torch.int32)
