@@ -90,7 +90,3 @@ __device__ __forceinline__ uint32_t dsv_shfl_xor(uint32_t v, int m) {
 
 __device__ __forceinline__ int dsv_lane() { return (int)(threadIdx.x % DSV_WAVE); }
 __device__ __forceinline__ int dsv_wave() { return (int)(threadIdx.x / DSV_WAVE); }
-// Lanes below this one, as a mask (for ranks within a ballot).
-__device__ __forceinline__ lanemask_t dsv_lanes_below() {
-  return (((lanemask_t)1) << dsv_lane()) - 1;
-}
