@@ -78,7 +78,7 @@ __device__ __forceinline__ uint32_t order_key(float f) {
 
 // Id: the type of the list's column ids. dsv_topk512_chunks stores a chunk's local column
 // (< 16384) as uint16_t: 26.3 KiB of LDS in place of 34.6, so two of its workgroups fit a
-// gfx942 CU's 64 KiB (its 87 VGPRs allow two as well); the other kernels keep int32 ids.
+// gfx942 CU's 64 KiB (its 84 VGPRs allow two as well); the other kernels keep int32 ids.
 template <int BLOCK, class Id = int32_t, int BITS = DIGIT>
 struct Sel {
   static constexpr int NWAVES = BLOCK / DSV_WAVE;
