@@ -30,7 +30,7 @@ VARIANTS = [  # (requests, next_n, length dims, compress ratio)
 @pytest.mark.parametrize(("batch", "next_n", "dims", "ratio"), VARIANTS)
 def test_probe_is_a_step_of_the_variant_the_hook_takes(batch, next_n, dims, ratio):
     q, cache, lens = real_step(batch, next_n, dims)
-    step = cand_probe.probe_step(q, cache, lens, ratio, 65536, 2048, 8, seed=batch)
+    step = cand_probe.probe_step(q, cache, lens, ratio, 65536, 2048, seed=batch)
     requests = min(batch, cand_probe.PROBE_REQUESTS)
     rows = requests * next_n
     variant = indexer._cand_variant(q, cache, lens, ratio)
@@ -42,9 +42,11 @@ def test_probe_is_a_step_of_the_variant_the_hook_takes(batch, next_n, dims, rati
         8, step.indices, 512, True, False,
     )  # fmt: skip
     # Lengths as vLLM's builder makes them: the last row of a request ends at its compressed
-    # length; at ratio 2 odd uncompressed lengths end a first row past the dense logits.
+    # length (the first request's long enough for AITER's main loop, the others' shorter); at
+    # ratio 2 odd uncompressed lengths end a first row past the dense logits.
     last = step.seq_lens if dims == 1 else step.seq_lens[:, -1]
-    assert last.max() <= cand_probe.PROBE_LEN and (last >= next_n).all()
+    assert last[0] == 65536 and (last[1:] <= cand_probe.PROBE_LEN).all()
+    assert (last >= next_n).all()
     if dims == 2:
         steps = step.seq_lens.diff(dim=1)
         assert ((steps == 0) | (steps == 1)).all() if ratio == 2 else (steps == 1).all()
@@ -52,13 +54,15 @@ def test_probe_is_a_step_of_the_variant_the_hook_takes(batch, next_n, dims, rati
     own = ref_indexer.topk_ends(step.seq_lens, rows, next_n)
     live_end = ref_indexer.live_ends(step.seq_lens, rows, next_n)
     assert (own != live_end) == (ratio == 2 and next_n == 2 and requests > 1)
-    # Pages: a permutation, each request's pages covering its length; keys finite, scales > 0.
+    # Pages: each request's own, distinct, covering its length (a row's tail names page 0);
+    # keys finite, scales > 0.
     pages = step.kv_cache.shape[0]
-    assert sorted(step.block_table.flatten().tolist()) == list(range(pages))
-    assert step.block_table.shape[1] * 64 >= int(last.max())
-    flat = step.kv_cache.view(pages, -1)
-    assert flat[:, : 64 * 128].view(FNUZ).float().isfinite().all()
-    assert (flat[:, 64 * 128 :].contiguous().view(torch.float32) >= 0.5).all()
+    counts = [-(-int(n) // 64) for n in last]
+    owned = [step.block_table[b, :n] for b, n in enumerate(counts)]
+    assert sorted(torch.cat(owned).tolist()) == list(range(pages))
+    assert all((step.block_table[b, n:] == 0).all() for b, n in enumerate(counts))
+    keys, scales = cand_logits.split_cache(step.kv_cache, FNUZ)
+    assert keys.float().isfinite().all() and (scales >= 0.5).all()
     # Candidates: distinct block ids a row, an eighth -1, enough live columns to judge.
     live = 0
     for r in range(rows):
@@ -74,5 +78,19 @@ def test_probe_fits_a_narrow_layer():
     """A reader layer narrower than PROBE_LEN, its width not a multiple of the page: every
     length within the width's whole pages (AITER writes a row's -inf tail to a page boundary)."""
     q, cache, lens = real_step(2, 2, 2)
-    step = cand_probe.probe_step(q, cache, lens, 2, 1000, 2048, 8)
+    step = cand_probe.probe_step(q, cache, lens, 2, 1000, 2048)
     assert int(step.seq_lens.max()) == 960 and (step.seq_lens >= 1).all()
+
+
+@pytest.mark.parametrize(("pad", "offset"), [(0, 0), (4, 4), (4104, 12)])
+def test_probe_cache_aligns_as_the_real_one(pad, offset):
+    """The probe's page stride and start agree with the real cache's modulo 16 bytes (AITER's
+    and Triton's compiled variants depend on them), whatever vLLM's page stride."""
+    q, _, lens = real_step(2, 2, 2)
+    page_bytes = 64 * 132
+    base = torch.zeros(offset + 5 * (page_bytes + pad), dtype=torch.uint8)
+    real = base[offset:].as_strided((5, 64, 1, 132), (page_bytes + pad, 132, 132, 1))
+    step = cand_probe.probe_step(q, real, lens, 1, 8192, 2048)
+    assert step.kv_cache.stride(0) % 16 == real.stride(0) % 16
+    assert step.kv_cache.stride(0) >= page_bytes and step.kv_cache.stride()[1:] == (132, 132, 1)
+    assert step.kv_cache.data_ptr() % 16 == real.data_ptr() % 16

@@ -352,17 +352,30 @@ def test_first_candidate_logits_are_compared_with_vllms_dense_logits(
     for layer in (plugin_layer, oracle_layer):
         layer.compress_ratio = ratio
     install_hooks(monkeypatch, vllm_env, take=True)
-    probed = []
+    probed, handed = [], []
     build = indexer.cand_probe.probe_step
     monkeypatch.setattr(indexer.cand_probe, "probe_step",
                         lambda *a, **k: probed.append(build(*a, **k)) or probed[-1])  # fmt: skip
+    for cls in (ref.PagedLogits, ref.CandidateLogitsTopK):  # record what each side is handed
+        call = cls.__call__
+        monkeypatch.setattr(cls, "__call__", lambda self, *a, call=call, **k: (
+            handed.append(a), call(self, *a, **k))[1])  # fmt: skip
     run(vllm_env, oracle_layer, meta, q, n, plugin=False)
     for expected in ([*PROBE, "hook:candidate_logits_top_k"], ["hook:candidate_logits_top_k"]):
         vllm_env.calls.clear()
+        handed.clear()
         run(vllm_env, plugin_layer, meta, q, n)
         assert vllm_env.calls == expected
         assert_same_rows(plugin_layer.topk_indices_buffer[: meta.num_decode_tokens],
                          oracle_layer.topk_indices_buffer[: meta.num_decode_tokens])  # fmt: skip
+        if expected[:2] == PROBE:  # the probe: both sides got its step, not the real one
+            [step] = probed
+            assert len(handed) == 3  # the probe's kernel, its dense logits, the step's kernel
+            fields = [step.q, step.kv_cache, step.weights, step.seq_lens, step.block_table]
+            kernel, dense = handed[0], handed[1]
+            assert all(a is b for a, b in zip(kernel, [*fields, step.candidates], strict=False))
+            assert kernel[7] is step.indices
+            assert all(a is b for a, b in zip(dense, fields, strict=False))
     assert indexer._cand_verdict == {"compared": True}
     [step] = probed
     assert step.seq_lens.dim() == meta.decode.seq_lens.dim() and step.q.shape[1] == 2

@@ -17,52 +17,76 @@ import types
 import torch
 
 #: Requests of a probe (at most the step's own, so vLLM's dense logits of the probe never ask
-#: its workspace for more than the step would) and compressed columns each holds at most:
-#: at one row of 4096, about 3,600 live candidate columns, past indexer.MIN_COMPARED.
+#: its workspace for more than the step would) and the compressed columns of each but the
+#: first: at one row of 4096, about 3,600 live candidate columns, past indexer.MIN_COMPARED.
 PROBE_REQUESTS = 4
 PROBE_LEN = 4096
+#: The first request's columns (the layer's width permitting): AITER's dense kernel splits a
+#: row over ((CUs // rows + 4) // 5 * 5) * 2 programs (ROCm/aiter pa_mqa_logits.py), each taking
+#: 256-column chunks, and runs its pipelined main loop only for a program of 2 chunks or more:
+#: with 8 probe rows on 304 CUs that needs 80 x 512 columns, with 1 row 610 x 512. 262144
+#: columns give 3.3 chunks a program at 2-8 rows, 1.7 at one (34 MB of cache at 132 bytes a key).
+PROBE_LONG = 262144
 
 
 def probe_step(q, kv_cache, seq_lens, compress_ratio: int, width: int, cand_slots: int,
-               cand_block: int, seed: int = 0):  # fmt: skip
+               seed: int = 0):  # fmt: skip
     """Tensors of a decode step of ``q``'s variant on ``q``'s device: ``q``, ``kv_cache``,
     ``weights``, ``seq_lens``, ``block_table``, ``candidates`` (``cand_slots`` block ids a row,
     an eighth of them -1) and ``indices`` (``[rows, 512]`` int32 for the top-512). Requests
     alternate odd and even uncompressed lengths, so that at compress ratio 2 a 2-D table holds
-    rows that end one column past the dense logits (``_cand_kernels._column_addresses``)."""
+    rows that end one column past the dense logits (``_cand_kernels._column_addresses``). The
+    cache's page stride and start are those of ``kv_cache`` modulo 16 bytes (what the kernels'
+    compiled variants depend on), its pages as many as the lengths take."""
     batch, next_n, heads, dim = q.shape
     page, key_bytes = kv_cache.shape[1], kv_cache.shape[3]  # a key's dim + its FP32 scale
+    dev = q.device
     requests = min(batch, PROBE_REQUESTS)
     rows = requests * next_n
-    g = torch.Generator().manual_seed(seed)
-    # Within whole pages of the width: AITER's dense kernel writes a row's -inf tail up to the
-    # next page boundary, over the next row's first columns when that is past the width.
-    longest = max(next_n + 1, min(PROBE_LEN, width - width % page))
-    lens = [max(next_n, longest - 37 * b) for b in range(requests)]  # compressed
+    g = torch.Generator(device=dev).manual_seed(seed)
+    # Compressed lengths, within whole pages of the width: AITER's dense kernel writes a row's
+    # -inf tail up to the next page boundary, over the next row's first columns past the width.
+    whole = width - width % page
+    lens = [max(next_n + 1, min(PROBE_LONG if b == 0 else PROBE_LEN - 37 * b, whole))
+            for b in range(requests)]  # fmt: skip
     if seq_lens.dim() == 1:
         table = torch.tensor(lens, dtype=torch.int32)
     else:  # vLLM's builder: row j ends at (L - next_n + 1 + j) // ratio, L uncompressed
         full = [compress_ratio * n + b % compress_ratio for b, n in enumerate(lens)]
         table = torch.tensor([[(n - next_n + 1 + j) // compress_ratio for j in range(next_n)]
                               for n in full], dtype=torch.int32)  # fmt: skip
-    per_request = -(-longest // page)
-    pages = requests * per_request
-    block_table = torch.randperm(pages, generator=g).view(requests, per_request).int()
+    # Each request's pages, shuffled; entries past a request's pages name page 0, as a table
+    # row's tail may.
+    counts = [-(-n // page) for n in lens]
+    pages = sum(counts)
+    order = torch.randperm(pages, generator=g, device=dev).int()
+    block_table = torch.zeros(requests, max(counts), dtype=torch.int32, device=dev)
+    start = 0
+    for b, n in enumerate(counts):
+        block_table[b, :n] = order[start : start + n]
+        start += n
+    page_bytes = page * key_bytes
+    stride = page_bytes + (kv_cache.stride(0) - page_bytes) % 16
+    shift = kv_cache.data_ptr() % 16
+    base = torch.empty(shift + pages * stride, dtype=torch.uint8, device=dev)
+    cache = base[shift:].as_strided((pages, page, 1, key_bytes), (stride, key_bytes, key_bytes, 1))
+    flat = base[shift:].as_strided((pages, page_bytes), (stride, 1))
     # The cache holds keys in the indexer's FP8, q's (the hook takes only FP8 queries).
     fp8 = q.dtype if q.element_size() == 1 else torch.float8_e4m3fn
-    keys = (torch.randn(pages, page * (key_bytes - 4), generator=g) * 2).to(fp8)
-    scales = torch.rand(pages, page, generator=g) + 0.5
-    cache = torch.cat([keys.view(torch.uint8), scales.view(torch.uint8)], dim=1)
-    cache = cache.view(pages, page, 1, key_bytes)
-    candidates = torch.stack([torch.randperm(cand_slots, generator=g) for _ in range(rows)])
-    candidates[torch.rand(rows, cand_slots, generator=g) < 0.125] = -1
-    dev = q.device
+    keys = torch.randn(pages, page * (key_bytes - 4), generator=g, device=dev) * 2
+    flat[:, : keys.shape[1]] = keys.to(fp8).view(torch.uint8)
+    scales = torch.rand(pages, page, generator=g, device=dev) + 0.5
+    flat[:, keys.shape[1] :] = scales.view(torch.uint8)
+    candidates = torch.stack(
+        [torch.randperm(cand_slots, generator=g, device=dev) for _ in range(rows)]
+    ).int()
+    candidates[torch.rand(rows, cand_slots, generator=g, device=dev) < 0.125] = -1
     return types.SimpleNamespace(
-        q=torch.randn(requests, next_n, heads, dim, generator=g).to(q.dtype).to(dev),
-        kv_cache=cache.to(dev),
-        weights=(torch.randn(rows, heads, generator=g) / heads).to(dev),
+        q=torch.randn(requests, next_n, heads, dim, generator=g, device=dev).to(q.dtype),
+        kv_cache=cache,
+        weights=torch.randn(rows, heads, generator=g, device=dev) / heads,
         seq_lens=table.to(dev),
-        block_table=block_table.to(dev),
-        candidates=candidates.int().to(dev),
+        block_table=block_table,
+        candidates=candidates,
         indices=torch.full((rows, 512), -1, dtype=torch.int32, device=dev),
     )

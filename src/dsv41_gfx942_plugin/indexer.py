@@ -271,7 +271,7 @@ def _cand_probe(layer, decode, q, kv_cache, variant: tuple) -> bool:
     about 2,400 columns) keep this variant on vLLM's path. Host syncs: never inside capture."""
     step = cand_probe.probe_step(
         q, kv_cache, decode.seq_lens, layer.compress_ratio, layer.max_model_len,
-        layer.candidate_blocks.shape[1], layer.candidate_block_size,
+        layer.candidate_blocks.shape[1],
     )  # fmt: skip
     verdict: list[bool] = []
 
