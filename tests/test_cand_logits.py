@@ -862,6 +862,39 @@ def test_twin_blocks_cross_pages_and_short_rows():
 
 @pytest.mark.gpu
 @needs_cuda
+def test_twin_on_the_indexer_probe_step():
+    """The step the indexer compares a variant on (cand_probe.probe_step, built on the GPU
+    beside a cache of vLLM-like page stride, ratio 2, next_n 2, a first request of 262144
+    columns): the twin's compact rows equal the float reference computed from the probe's own
+    pages, read back through vLLM's SHUFFLE layout."""
+    from dsv41_gfx942_plugin import cand_probe
+
+    real = strided_cache(8, 64, 128, 4104, "cuda")
+    q = torch.zeros(3, 2, 64, 128, dtype=torch.float8_e4m3fn, device="cuda")
+    step = cand_probe.probe_step(q, real, torch.zeros(3, 2, dtype=torch.int32), 2, 300000, 2048)
+    keys, scales = cand_logits.split_cache(step.kv_cache, torch.float8_e4m3fn)
+    offs = shuffle_offsets(64, 128).cuda()
+    dense_keys, dense_scales = [], []
+    for b in range(3):  # positions up to the candidates' reach (2048 blocks of 8)
+        pos = torch.arange(min(int(step.seq_lens[b, -1]), 2048 * 8), device="cuda")
+        page = step.block_table[b, pos // 64].long()
+        raw = keys.view(torch.uint8)[page[:, None], offs[pos % 64]]
+        dense_keys.append(raw.view(torch.float8_e4m3fn).float().cpu())
+        dense_scales.append(scales[page, pos % 64].float().cpu())
+    case = Case(
+        q=step.q, kv_cache=step.kv_cache, weights=step.weights, seq_lens=step.seq_lens,
+        block_table=step.block_table, candidates=step.candidates, cand_block=8,
+        keys=dense_keys, scales=dense_scales, ends=ref_indexer.topk_ends(step.seq_lens, 6, 2),
+        live_ends=ref_indexer.live_ends(step.seq_lens, 6, 2),
+    )  # fmt: skip
+    assert int(step.seq_lens[0, -1]) == cand_probe.PROBE_LONG
+    assert case.live_ends != case.ends  # ratio 2's odd lengths are in it
+    live = check_against_reference(case)
+    assert live.sum() > 4 * 2048
+
+
+@pytest.mark.gpu
+@needs_cuda
 def test_twin_stale_block_ids_are_dead():
     """Block ids far past every row (2**28 and more: their int32 position would wrap negative
     and look live) are dead, as the reference's int64 positions say."""
