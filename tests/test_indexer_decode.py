@@ -571,6 +571,38 @@ def test_other_steps_run_vllms_op(vllm_env, monkeypatch, why):
     assert list(reasons) == [want]
 
 
+@pytest.mark.parametrize("outcome", ["reserved", "out of memory", "top-k off"])
+def test_profile_run_reserves_the_top_k_scratch(vllm_env, monkeypatch, plugin_log, outcome):
+    """vLLM's memory-profile run (no indexer metadata): beside vLLM's op, which reserves its
+    decode logits for ``_max_decode_logits_rows`` rows, the layer reserves the decode
+    top-512's scratch for as many rows of its width, so the profile counts it. A reservation
+    that fails is logged once and the step is vLLM's all the same; with the top-k off, none."""
+    from vllm.v1.attention.ops import rocm_aiter_mla_sparse as rocm
+
+    seq, decode_lens, padded, n_dec, q = make_step("mtp_2d")
+    layer = make_layer(vllm_env, "plain", n_dec)
+    layer.dsv41_topk = outcome != "top-k off"
+    monkeypatch.setattr(topk, "_GPU_TYPE", "cpu")
+    ops, reserved = [], []
+    monkeypatch.setattr(rocm, "rocm_aiter_sparse_attn_indexer",
+                        lambda *a, **k: ops.append(a[1]) or layer.topk_indices_buffer)  # fmt: skip
+    monkeypatch.setattr(rocm, "_max_decode_logits_rows", lambda tokens: 10 * tokens)
+
+    def reserve(rows, width, device):
+        reserved.append((rows, width, device))
+        if outcome == "out of memory":
+            raise torch.OutOfMemoryError("no room")
+        return True
+
+    monkeypatch.setattr(topk, "reserve_decode_scratch", reserve)
+    for _ in range(2):
+        run(vllm_env, layer, None, q, n_dec)
+    assert ops == [layer.k_cache.prefix] * 2
+    assert reserved == ([] if outcome == "top-k off" else [(10 * n_dec, WIDTH, None)] * 2)
+    warned = [r for r in plugin_log.records if "not reserved" in r.getMessage()]
+    assert len(warned) == (1 if outcome == "out of memory" else 0)
+
+
 def test_aiter_off_keeps_vllms_dispatch(vllm_env, monkeypatch):
     """With AITER off the layer runs vLLM's own forward_hip (which on gfx942 refuses to run), not
     vLLM's Python op behind it: the plugin serves no configuration vLLM would not."""

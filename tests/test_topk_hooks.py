@@ -110,6 +110,24 @@ def test_decode_scratch_holds_every_launchs_keys(calls, rows, width):
     assert all(a[1] <= b[0] for a, b in zip(spans[:-1], spans[1:], strict=True))
 
 
+@pytest.mark.parametrize("width", [4096, 131072, 1 << 20, 40000])
+def test_reserved_scratch_serves_every_decode_call(calls, monkeypatch, width):
+    """What vLLM's profile run reserves (reserve_decode_scratch) is at least what any decode call
+    of that many rows or fewer asks for, on the register and on the general path."""
+    asked = []
+    get = topk._scratch.get
+    monkeypatch.setattr(topk._scratch, "get", lambda d, n: asked.append(n) or get(d, n))
+    assert topk.reserve_decode_scratch(6, width, 0)
+    reserved = asked[0] if asked else 0
+    for rows in (1, 6):
+        logits, next_n, seq, idx = decode_inputs(rows=rows, width=width)
+        assert topk.decode_top_k(logits, next_n, seq, idx, 512)
+        general = torch.zeros(rows, width + 1)[:, 1:]  # not 16-byte aligned: the general path
+        assert topk.decode_top_k(general, next_n, seq, idx, 512)
+    assert reserved >= max(asked[1:]) > 0
+    assert calls[-2][0] == "dsv_topk512_chunks_stream"
+
+
 def test_decode_one_chunk_is_one_launch(calls):
     logits, next_n, seq, idx = decode_inputs(width=16384)
     assert topk.decode_top_k(logits, next_n, seq, idx, 512)

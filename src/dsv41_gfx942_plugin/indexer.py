@@ -101,6 +101,8 @@ def indexer_step(layer, hidden_states, q_fp8, k, weights) -> torch.Tensor:
     meta = attn_metadata.get(layer.k_cache.prefix) if isinstance(attn_metadata, dict) else None
     reason = _why_vllm(layer, meta)
     if reason is not None:
+        if meta is None and layer.dsv41_topk:
+            _reserve_scratch(layer, hidden_states)
         counters.record("indexer_decode", False, reason)
         return _vllm_rocm.rocm_aiter_sparse_attn_indexer(
             hidden_states, layer.k_cache.prefix, layer.k_cache.kv_cache, q_fp8, k, weights,
@@ -115,6 +117,24 @@ def indexer_step(layer, hidden_states, q_fp8, k, weights) -> torch.Tensor:
     _note_step(layer.k_cache.prefix)
     counters.record("indexer_decode", True)
     return decode_step(layer, meta, hidden_states.shape[0], q_fp8, weights)
+
+
+def _reserve_scratch(layer, hidden_states) -> None:
+    """In a run without indexer metadata (vLLM's memory-profile run, where vLLM's op reserves
+    its decode logits for ``_max_decode_logits_rows`` rows of the layer's width), reserve the
+    decode top-512's scratch for as many rows, so that vLLM's profile counts it. Never raises:
+    without it the scratch grows at the first step that needs it, as before."""
+    if hidden_states.device.type != topk._GPU_TYPE:
+        return
+    try:
+        rows = _vllm_rocm._max_decode_logits_rows(hidden_states.shape[0])
+        # False inside graph capture (never a profile run): a later step grows it then.
+        topk.reserve_decode_scratch(rows, layer.max_model_len, hidden_states.device.index)
+    except Exception as err:  # out of memory, or a vLLM that changed underneath
+        _launcher.clear_last_error()
+        logger.warning_once("dsv41_gfx942: top-k scratch not reserved in vLLM's memory "
+                            "profile (%s); it grows at the first step that needs it",
+                            str(err))  # fmt: skip
 
 
 def _note_step(prefix: str) -> None:

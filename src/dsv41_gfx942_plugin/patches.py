@@ -104,6 +104,7 @@ INDEXER = Patch(
             "logits", "row_ks", "row_ke", "candidate_blocks", "block_size", "row_repeat")),
         Expect(f"{_ROCM}:_indexer_k_is_c4a_block_flat", params=("compress_ratio",)),
         Expect(f"{_ROCM}:paged_mqa_logits_module", params=()),
+        Expect(f"{_ROCM}:_max_decode_logits_rows", params=("num_batched_tokens",)),
         Expect(f"{_AITER}.is_enabled", params=("cls",)),
         Expect(f"{_AITER}.is_indexer_top_k_supported", params=(
             "is_prefill", "compress_ratio", "num_rows", "max_valid_seq_len", "topk_tokens")),

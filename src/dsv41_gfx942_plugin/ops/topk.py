@@ -225,22 +225,38 @@ def _why_not_decode(logits, next_n, seq_lens, indices) -> str | None:
     return None
 
 
+def _decode_split(width: int, register: bool, max_blocks: int) -> tuple[int, int, int]:
+    """A decode row's chunks (the first launch's workgroups a row), the first merge's groups a
+    row, and the int32 scratch a row takes (keys and ids of both; none for a single chunk)."""
+    max_chunks = max(-(-width // CHUNK) if register else max_blocks, 1)
+    groups = -(-max_chunks // MERGE_UNITS)
+    return max_chunks, groups, 2 * CHUNK_SLOTS * (max_chunks + groups) if max_chunks > 1 else 0
+
+
+def reserve_decode_scratch(rows: int, width: int, device: int) -> bool:
+    """Grow the decode top-512's scratch on ``device`` now to what ``rows`` rows of ``width``
+    logits take on either path, and say whether it holds that much. vLLM's profile run reserves
+    its decode logits for its most decode rows; the indexer reserves this beside them, so that
+    vLLM's memory profile counts it and sizes the KV cache around it (a call that later finds
+    it too small grows it then, outside graph capture). About a seventh of vLLM's own: 72 KiB a
+    row of 128k logits against its 512 KiB, 576 KiB a row of 1M."""
+    need = max(rows * _decode_split(width, register, MAX_BLOCKS)[2] for register in (True, False))
+    return need == 0 or _scratch.get(device, need) is not None
+
+
 def _launch_decode(kernels, logits, next_n, seq_lens, indices, register, max_blocks, min_chunk):
     """Launch the decode top-512; False (nothing launched) when scratch cannot be had."""
     rows, width = logits.shape
     if rows == 0:
         return True
-    if register:
-        first, max_chunks, min_chunk = "dsv_topk512_chunks", -(-width // CHUNK), CHUNK
-    else:  # a chunk longer than the row is the row: min_chunk past it changes nothing
-        first, max_chunks = "dsv_topk512_chunks_stream", max_blocks
-        min_chunk = min(min_chunk, max(width, 1))
-    max_chunks = max(max_chunks, 1)
-    groups = -(-max_chunks // MERGE_UNITS)  # the first merge's workgroups a row
+    first = "dsv_topk512_chunks" if register else "dsv_topk512_chunks_stream"
+    max_chunks, groups, per_row = _decode_split(width, register, max_blocks)
+    # A chunk longer than the row is the row: min_chunk past it changes nothing.
+    min_chunk = CHUNK if register else min(min_chunk, max(width, 1))
     slots = rows * CHUNK_SLOTS  # int32 slots a unit of every row
     device = logits.device.index
-    scratch = _scratch.get(device, 2 * slots * (max_chunks + groups)) if max_chunks > 1 else None
-    if max_chunks > 1 and scratch is None:
+    scratch = _scratch.get(device, rows * per_row) if per_row else None
+    if per_row and scratch is None:
         return False
     keys = ids = keys2 = ids2 = 0
     if scratch is not None:  # the chunks' keys and ids, then the first merge's
