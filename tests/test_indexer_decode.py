@@ -571,17 +571,23 @@ def test_other_steps_run_vllms_op(vllm_env, monkeypatch, why):
     assert list(reasons) == [want]
 
 
-@pytest.mark.parametrize("outcome", ["reserved", "out of memory", "top-k off"])
+@pytest.mark.parametrize("outcome", ["reserved", "out of memory", "top-k off", "not built",
+                                     "prefill"])  # fmt: skip
 def test_profile_run_reserves_the_top_k_scratch(vllm_env, monkeypatch, plugin_log, outcome):
     """vLLM's memory-profile run (no indexer metadata): beside vLLM's op, which reserves its
     decode logits for ``_max_decode_logits_rows`` rows, the layer reserves the decode
     top-512's scratch for as many rows of its width, so the profile counts it. A reservation
-    that fails is logged once and the step is vLLM's all the same; with the top-k off, none."""
+    that fails is logged once (HIP's error reset) and the step is vLLM's all the same; with the
+    top-k off or its kernels not loaded, none; nor on a step with metadata (a prefill)."""
     from vllm.v1.attention.ops import rocm_aiter_mla_sparse as rocm
 
     seq, decode_lens, padded, n_dec, q = make_step("mtp_2d")
     layer = make_layer(vllm_env, "plain", n_dec)
     layer.dsv41_topk = outcome != "top-k off"
+    monkeypatch.setattr(topk, "build", lambda: outcome != "not built")
+    meta = metadata(seq, decode_lens, padded, n_dec, prefills=1) if outcome == "prefill" else None
+    cleared = []
+    monkeypatch.setattr(indexer._launcher, "clear_last_error", lambda: cleared.append(1) or 0)
     monkeypatch.setattr(topk, "_GPU_TYPE", "cpu")
     ops, reserved = [], []
     monkeypatch.setattr(rocm, "rocm_aiter_sparse_attn_indexer",
@@ -596,11 +602,12 @@ def test_profile_run_reserves_the_top_k_scratch(vllm_env, monkeypatch, plugin_lo
 
     monkeypatch.setattr(topk, "reserve_decode_scratch", reserve)
     for _ in range(2):
-        run(vllm_env, layer, None, q, n_dec)
+        run(vllm_env, layer, meta, q, n_dec)
     assert ops == [layer.k_cache.prefix] * 2
-    assert reserved == ([] if outcome == "top-k off" else [(10 * n_dec, WIDTH, None)] * 2)
+    asks = outcome in ("reserved", "out of memory")
+    assert reserved == ([(10 * n_dec, WIDTH, None)] * 2 if asks else [])
     warned = [r for r in plugin_log.records if "not reserved" in r.getMessage()]
-    assert len(warned) == (1 if outcome == "out of memory" else 0)
+    assert len(warned) == len(cleared) / 2 == (1 if outcome == "out of memory" else 0)
 
 
 def test_aiter_off_keeps_vllms_dispatch(vllm_env, monkeypatch):

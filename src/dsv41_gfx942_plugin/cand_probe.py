@@ -25,8 +25,9 @@ PROBE_LEN = 4096
 #: row over ((CUs // rows + 4) // 5 * 5) * 2 programs (ROCm/aiter pa_mqa_logits.py), each taking
 #: 256-column chunks, and runs its pipelined main loop only for a program of 2 chunks or more:
 #: with 8 probe rows on 304 CUs that needs 80 x 512 columns, with 1 row 610 x 512. 262144
-#: columns give 3.3 chunks a program at 2-8 rows, 1.7 at one (34 MB of cache at 132 bytes a key).
+#: columns give 3.3 chunks a program at 2-8 rows, 1.7 at one (35 MB of cache at 132 bytes a key).
 PROBE_LONG = 262144
+PAGES_AT_ONCE = 256
 
 
 def probe_step(q, kv_cache, seq_lens, compress_ratio: int, width: int, cand_slots: int,
@@ -71,12 +72,16 @@ def probe_step(q, kv_cache, seq_lens, compress_ratio: int, width: int, cand_slot
     base = torch.empty(shift + pages * stride, dtype=torch.uint8, device=dev)
     cache = base[shift:].as_strided((pages, page, 1, key_bytes), (stride, key_bytes, key_bytes, 1))
     flat = base[shift:].as_strided((pages, page_bytes), (stride, 1))
-    # The cache holds keys in the indexer's FP8, q's (the hook takes only FP8 queries).
+    # The cache holds keys in the indexer's FP8, q's (the hook takes only FP8 queries), drawn
+    # PAGES_AT_ONCE pages at a time (8 MiB of float32 at 64 keys of 128).
     fp8 = q.dtype if q.element_size() == 1 else torch.float8_e4m3fn
-    keys = torch.randn(pages, page * (key_bytes - 4), generator=g, device=dev) * 2
-    flat[:, : keys.shape[1]] = keys.to(fp8).view(torch.uint8)
+    key_row = page * (key_bytes - 4)
+    for p0 in range(0, pages, PAGES_AT_ONCE):
+        n = min(PAGES_AT_ONCE, pages - p0)
+        keys = torch.randn(n, key_row, generator=g, device=dev).mul_(2)
+        flat[p0 : p0 + n, :key_row] = keys.to(fp8).view(torch.uint8)
     scales = torch.rand(pages, page, generator=g, device=dev) + 0.5
-    flat[:, keys.shape[1] :] = scales.view(torch.uint8)
+    flat[:, key_row:] = scales.view(torch.uint8)
     candidates = torch.stack(
         [torch.randperm(cand_slots, generator=g, device=dev) for _ in range(rows)]
     ).int()

@@ -122,11 +122,14 @@ def indexer_step(layer, hidden_states, q_fp8, k, weights) -> torch.Tensor:
 def _reserve_scratch(layer, hidden_states) -> None:
     """In a run without indexer metadata (vLLM's memory-profile run, where vLLM's op reserves
     its decode logits for ``_max_decode_logits_rows`` rows of the layer's width), reserve the
-    decode top-512's scratch for as many rows, so that vLLM's profile counts it. Never raises:
-    without it the scratch grows at the first step that needs it, as before."""
+    decode top-512's scratch for as many rows, so that vLLM's profile counts it; not where the
+    kernels did not load. Never raises: without it the scratch grows at the first step that
+    needs it, as before."""
     if hidden_states.device.type != topk._GPU_TYPE:
         return
     try:
+        if not topk.build():
+            return  # no kernels in this process: nothing will use it
         rows = _vllm_rocm._max_decode_logits_rows(hidden_states.shape[0])
         # False inside graph capture (never a profile run): a later step grows it then.
         topk.reserve_decode_scratch(rows, layer.max_model_len, hidden_states.device.index)
