@@ -227,7 +227,7 @@ def decode_step(layer, meta, num_tokens: int, q_fp8, weights) -> torch.Tensor:
         lambda: _candidate_logits(layer, decode, q, kv_cache, weights, cands, out),
     )
     if not done:
-        logits = _dense_logits(layer, decode, q, kv_cache, weights, rows)
+        logits = _dense_logits(layer, decode, q, kv_cache, weights[:rows])
         done = _candidates(layer, logits, next_n, decode.seq_lens, out, on)
     if not done:
         _top_k(layer, meta, logits, next_n, out, on)
@@ -240,10 +240,11 @@ def decode_step(layer, meta, num_tokens: int, q_fp8, weights) -> torch.Tensor:
     return buf
 
 
-def _dense_logits(layer, decode, q, kv_cache, weights, rows: int) -> torch.Tensor:
-    """vLLM's dense paged FP8 logits of the step's ``rows`` decode rows, as its branch calls it."""
+def _dense_logits(layer, decode, q, kv_cache, weights) -> torch.Tensor:
+    """vLLM's dense paged FP8 logits of ``q``'s rows (``weights``: one row each), as its branch
+    calls it; ``decode`` holds the lengths, block table and schedule metadata."""
     return _vllm_rocm.rocm_fp8_paged_mqa_logits(
-        q, kv_cache, weights[:rows], decode.seq_lens, decode.block_table,
+        q, kv_cache, weights, decode.seq_lens, decode.block_table,
         decode.schedule_metadata, max_model_len=layer.max_model_len,
         compress_ratio=layer.compress_ratio,
     )  # fmt: skip
@@ -296,14 +297,11 @@ def _cand_probe(layer, decode, q, kv_cache, variant: tuple) -> bool:
         q, kv_cache, decode.seq_lens, layer.compress_ratio, layer.max_model_len,
         layer.candidate_blocks.shape[1],
     )  # fmt: skip
+    step.schedule_metadata = decode.schedule_metadata  # the step doubles as its decode metadata
     verdict: list[bool] = []
 
     def check(logits: torch.Tensor, ids: torch.Tensor) -> bool:
-        dense = _vllm_rocm.rocm_fp8_paged_mqa_logits(
-            step.q, step.kv_cache, step.weights, step.seq_lens, step.block_table,
-            decode.schedule_metadata, max_model_len=layer.max_model_len,
-            compress_ratio=layer.compress_ratio,
-        )  # fmt: skip
+        dense = _dense_logits(layer, step, step.q, step.kv_cache, step.weights)
         live = ids >= 0
         want = dense[: logits.shape[0]].gather(1, ids.clamp(min=0).long())
         differ = (logits != want) & ~(logits.isnan() & want.isnan()) & live

@@ -154,6 +154,14 @@ class _Runtime:
 _runtime: _Runtime | None = None
 
 
+def _get_runtime() -> _Runtime:
+    """The process's HIP (or CUDA driver) bindings, made at first use."""
+    global _runtime
+    if _runtime is None:
+        _runtime = _Runtime()
+    return _runtime
+
+
 def clear_last_error() -> int:
     """Read and reset this thread's HIP last error (0: none, or not ROCm); never raises. Every
     handler that lets vLLM's op run after a plugin call raised calls it: since ROCm 7 a failed
@@ -161,13 +169,10 @@ def clear_last_error() -> int:
     its own launches, so a failure of the plugin's (a code object that does not load, a Triton
     or Gluon launch that HIP refused) would raise again in vLLM's next op, which then takes the
     server down."""
-    global _runtime
     if not torch.version.hip:
         return 0
     try:
-        if _runtime is None:
-            _runtime = _Runtime()
-        return _runtime.get_last_error()
+        return _get_runtime().get_last_error()
     except Exception:  # noqa: BLE001 - no HIP runtime to ask: nothing to reset
         return 0
 
@@ -201,10 +206,7 @@ class Module:
     """A code object loaded on one device: its kernels by name."""
 
     def __init__(self, path: Path, kernels: dict[str, str], device: int):
-        global _runtime
-        if _runtime is None:
-            _runtime = _Runtime()
-        rt = _runtime
+        rt = _get_runtime()
         image = path.read_bytes()
         self._image = ctypes.create_string_buffer(image, len(image))  # kept alive with the module
         with torch.cuda.device(device):
