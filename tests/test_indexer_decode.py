@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import ref_indexer as ref
-from dsv41_gfx942_plugin import counters, indexer
+from dsv41_gfx942_plugin import cand_probe, counters, indexer
 from dsv41_gfx942_plugin.ops import topk
 
 pytestmark = pytest.mark.skipif(
@@ -455,6 +455,33 @@ def test_candidate_logits_of_too_few_columns_are_not_judged(vllm_env, monkeypatc
     probe_then_vllms_path(vllm_env, plugin_layer, oracle_layer, meta, q, n)
     assert indexer._cand_verdict == {"compared": False} and indexer._off == {}
     assert any("not compared" in r.getMessage() for r in plugin_log.records)
+
+
+def test_candidate_logits_probe_without_memory_is_not_retried(vllm_env, monkeypatch, plugin_log):
+    """A probe that finds no GPU memory leaves its variant on vLLM's path (its index sets), one
+    warning, and is not built again at the next eager step (each try would allocate and flush
+    torch's cache); the hook stays on for other variants."""
+    monkeypatch.setattr(indexer, "_cand_verdict", {})
+    plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "reader", "mtp_2d")
+    install_hooks(monkeypatch, vllm_env, take=True)
+    tries = []
+
+    def no_room(*args):
+        tries.append(args)
+        raise torch.OutOfMemoryError("CUDA out of memory (test)")
+
+    monkeypatch.setattr(cand_probe, "probe_step", no_room)
+    run(vllm_env, oracle_layer, meta, q, n, plugin=False)
+    for _ in range(2):
+        vllm_env.calls.clear()
+        run(vllm_env, plugin_layer, meta, q, n)
+        assert vllm_env.calls == ["vllm:logits", "hook:candidate_top_k"]
+        assert_same_rows(plugin_layer.topk_indices_buffer[: meta.num_decode_tokens],
+                         oracle_layer.topk_indices_buffer[: meta.num_decode_tokens])  # fmt: skip
+    assert len(tries) == 1 and indexer._cand_verdict == {"compared": False}
+    assert indexer._off == {}
+    warnings = [r.getMessage() for r in plugin_log.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "no GPU memory to compare" in warnings[0]
 
 
 @pytest.mark.parametrize("skew", ["last bit", "last bit at 0"])

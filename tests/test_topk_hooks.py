@@ -30,6 +30,9 @@ class FakeScratch:
         self.buf = torch.empty(numel, dtype=torch.int32)
         return self.buf
 
+    def reserve(self, device, numel):
+        return self.get(device, numel) is not None
+
 
 @pytest.fixture
 def calls(monkeypatch):

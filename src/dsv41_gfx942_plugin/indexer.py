@@ -255,7 +255,8 @@ def _candidate_logits(layer, decode, q, kv_cache, weights, cands, out) -> bool:
     with vLLM's dense logits on a synthetic step (``_cand_probe``, at the variant's first call
     outside CUDA-graph capture: vLLM's eager warm-up before it captures a decode graph, or an
     eager step). Inside capture a variant not compared yet declines before any kernel runs, and
-    vLLM's path is captured."""
+    vLLM's path is captured. A probe that finds no GPU memory leaves its variant on vLLM's path
+    (it is about 45 MB: 36 MB of cache and the keys drawn 256 pages at a time)."""
     if decode.requires_padding:
         return False  # the hook takes no padded step: nothing to compare for
     variant = _cand_variant(q, kv_cache, decode.seq_lens, layer.compress_ratio)
@@ -263,7 +264,14 @@ def _candidate_logits(layer, decode, q, kv_cache, weights, cands, out) -> bool:
     if verdict is None:
         if _capturing(q):
             return False
-        verdict = _cand_verdict[variant] = _cand_probe(layer, decode, q, kv_cache, variant)
+        try:
+            verdict = _cand_probe(layer, decode, q, kv_cache, variant)
+        except torch.OutOfMemoryError:  # final too: a retry at every eager step would flush
+            verdict = False  # torch's cache each time (and the graphs captured vLLM's path)
+            logger.warning("dsv41_gfx942: no GPU memory to compare the candidate logits with "
+                           "vLLM's (variant %s); vLLM's path serves that variant",
+                           variant)  # fmt: skip
+        _cand_verdict[variant] = verdict
     return verdict and topk.candidate_logits_top_k(
         q, kv_cache, weights, decode.seq_lens, decode.block_table, cands,
         layer.candidate_block_size, out, layer.topk_tokens,

@@ -249,20 +249,42 @@ def stream_handle(device: int) -> int:
 
 
 class Scratch:
-    """Persistent int32 device buffers, one a device, grown outside graph capture only. A grown
-    buffer keeps the old ones alive, so graphs captured with them stay valid. One a device, not
-    a stream: launches that share it must be stream-ordered, as vLLM 0.33 runs the indexer (one
-    compute stream, its dual-batch overlap's two micro-batches included)."""
+    """Persistent int32 buffers, one a device, grown outside graph capture only. A grown buffer
+    keeps the old ones alive, so graphs captured with them stay valid; but one that was only
+    reserved (``reserve``: vLLM's memory profile, before any launch) and never handed to a
+    launch goes before its successor is made, so the profile counts only the largest (at 1M
+    context the ratio-2 layers' reservation would otherwise stay beside the full width's: 54
+    MiB more at 192 rows). One a device, not a stream: launches that share it must be
+    stream-ordered, as vLLM 0.33 runs the indexer (one compute stream, its dual-batch
+    overlap's two micro-batches included). ``device_type``: "cuda" (ROCm's too); tests use
+    "cpu"."""
 
-    def __init__(self):
+    def __init__(self, device_type: str = "cuda"):
+        self._type = device_type
         self._bufs: dict[int, list[torch.Tensor]] = {}
+        self._unlaunched: set[int] = set()  # devices whose last buffer no launch has had
 
     def get(self, device: int, numel: int) -> torch.Tensor | None:
+        """A buffer of at least ``numel`` for a launch; None inside capture when it must grow."""
+        buf, _ = self._grow(device, numel)
+        self._unlaunched.discard(device)
+        return buf
+
+    def reserve(self, device: int, numel: int) -> bool:
+        """Grow to at least ``numel`` now, for no launch yet; whether it holds that much."""
+        buf, grew = self._grow(device, numel)
+        if grew:
+            self._unlaunched.add(device)
+        return buf is not None
+
+    def _grow(self, device: int, numel: int) -> tuple[torch.Tensor | None, bool]:
         bufs = self._bufs.setdefault(device, [])
         if bufs and bufs[-1].numel() >= numel:
-            return bufs[-1]
+            return bufs[-1], False
         if torch.cuda.is_current_stream_capturing():
-            return None
+            return None, False
         size = max(numel, 2 * bufs[-1].numel() if bufs else numel)
-        bufs.append(torch.empty(size, dtype=torch.int32, device=f"cuda:{device}"))
-        return bufs[-1]
+        if device in self._unlaunched:
+            bufs.pop()  # no launch, so no graph, has it: freed before the next is made
+        bufs.append(torch.empty(size, dtype=torch.int32, device=torch.device(self._type, device)))
+        return bufs[-1], True

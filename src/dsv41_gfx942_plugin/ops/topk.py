@@ -241,7 +241,7 @@ def reserve_decode_scratch(rows: int, width: int, device: int) -> bool:
     it too small grows it then, outside graph capture). About a seventh of vLLM's own: 72 KiB a
     row of 128k logits against its 512 KiB, 576 KiB a row of 1M."""
     need = max(rows * _decode_split(width, register, MAX_BLOCKS)[2] for register in (True, False))
-    return need == 0 or _scratch.get(device, need) is not None
+    return need == 0 or _scratch.reserve(device, need)
 
 
 def _launch_decode(kernels, logits, next_n, seq_lens, indices, register, max_blocks, min_chunk):
