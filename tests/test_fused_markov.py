@@ -444,6 +444,20 @@ def test_declines(reason, make, spy, plugin_log):
     _assert_declines(spec, hidden, 3, reason, spy, plugin_log)
 
 
+@pytest.mark.parametrize("invariant", [True, False])
+def test_batch_invariant_mode_takes_vllms_loop(invariant, spy, plugin_log, monkeypatch):
+    """Under VLLM_BATCH_INVARIANT vLLM's bias is its batch-invariant GEMM, and the fused tiles'
+    summation order depends on the batch: the step declines; with the mode off it is taken."""
+    from vllm import envs
+
+    spec, hidden = _base_case(seed=64)
+    monkeypatch.setattr(envs, "VLLM_BATCH_INVARIANT", invariant, raising=False)
+    if invariant:
+        _assert_declines(spec, hidden, 3, "vLLM's batch-invariant mode", spy, plugin_log)
+    else:
+        assert F._why_not(spec, 3) is None
+
+
 def test_declines_reduced_vocabulary_of_greedy_model(spy, plugin_log):
     spec, hidden = _base_case(greedy=True, seed=62)
     spec.model.draft_id_to_target_id = torch.zeros(300, dtype=torch.long)

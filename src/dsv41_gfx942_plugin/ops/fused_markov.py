@@ -34,6 +34,7 @@ import os
 
 import torch
 import triton
+from vllm import envs as vllm_envs
 
 from .. import counters
 from .._log import MARKOV_OUT_OF_MEMORY, logger
@@ -145,6 +146,10 @@ def _why_not(spec, num_reqs: int) -> str | None:
     """Why this step must take vLLM's loop, or None when the fused launches compute it."""
     if _off_reason is not None:
         return _off_reason
+    if vllm_envs.VLLM_BATCH_INVARIANT:
+        # vLLM then takes the bias from its batch-invariant GEMM; the fused tiles' summation
+        # order depends on the batch (GPU_CONFIGS), so a bias's last bit could too.
+        return "vLLM's batch-invariant mode"
     model = spec.model
     head = getattr(getattr(model, "model", None), "markov_head", None)
     if head is None or type(head).__name__ != "DSparkMarkovHead":
