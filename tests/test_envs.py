@@ -34,15 +34,30 @@ def test_defaults(clean_plugin):
     assert all(envs.enabled(f) for f in envs.FAMILIES)
 
 
-def test_bad_value_keeps_default_and_warns_once(clean_plugin, monkeypatch, plugin_log):
+@pytest.mark.parametrize(
+    ("name", "read_as", "families_on"),
+    [("DSV41_GFX942_DISABLE", True, set()),
+     ("DSV41_GFX942_TOPK", False, {"fused_markov"}),
+     ("DSV41_GFX942_CAND_LOGITS", False, {"topk", "fused_markov"}),
+     ("DSV41_GFX942_FUSED_MARKOV", False, {"topk", "cand_logits"}),
+     ("DSV41_GFX942_REQUIRE_HIP", True, {"topk", "cand_logits", "fused_markov"})],
+)  # fmt: skip
+def test_bad_value_leaves_vllm_unchanged_and_warns_once(clean_plugin, monkeypatch, plugin_log,
+                                                        name, read_as, families_on):  # fmt: skip
+    """A value that is not a boolean (``DISABLE=y``, ``TOPK=maybe``) reads as the side that
+    leaves vLLM's own code running, whatever the default: an off switch never fails open (the
+    build's switch reads as required; hip/build.py stops the build on it)."""
     monkeypatch.setattr(envs, "_warned", set())
-    monkeypatch.setenv("DSV41_GFX942_FUSED_MARKOV", "maybe")
-    assert envs.enabled("fused_markov") is True
-    assert envs.enabled("fused_markov") is True
+    raw = "y" if name == "DSV41_GFX942_DISABLE" else "maybe"
+    monkeypatch.setenv(name, raw)
+    for _ in range(2):
+        assert envs.get_bool(name) is read_as
+        assert {f for f in envs.FAMILIES if envs.enabled(f)} == families_on
     warnings = [r.getMessage() for r in plugin_log.records if r.levelno == logging.WARNING]
     assert warnings == [
-        "DSV41_GFX942_FUSED_MARKOV='maybe' is not a boolean; using the default True"
+        f"{name}={raw!r} is not a boolean; read as {read_as}, the side that leaves vLLM unchanged"
     ]
+    assert envs.settings()[name] == f"{raw} (read as {read_as})"
 
 
 def test_global_switch_turns_every_family_off(clean_plugin, monkeypatch):

@@ -2,8 +2,10 @@
 
 Values are read when asked for (each vLLM process reads them once, while ``register()`` runs or
 a layer is built), so a test can set them with ``monkeypatch.setenv``. Booleans take
-``1/true/yes/on`` and ``0/false/no/off`` (any case); anything else keeps the default and logs one
-warning naming the variable.
+``1/true/yes/on`` and ``0/false/no/off`` (any case). Anything else is read as the safe side, with
+one warning naming the variable: the runtime switches then leave vLLM's own code running (a value
+like ``DISABLE=y`` was meant to turn something off; an off switch must not fail open), and the
+build's switch reads as required (``hip/build.py`` stops the build on such a value).
 
 The hook families can be turned off one at a time in production; turning one off leaves vLLM's
 own op at that place. The candidate logits end with the HIP compact top-512, so they are off
@@ -27,6 +29,8 @@ class EnvVar:
     name: str
     default: bool
     help: str
+    #: What a value that is not a boolean reads as: the side that leaves vLLM unchanged.
+    unreadable: bool
 
 
 VARIABLES: dict[str, EnvVar] = {
@@ -36,27 +40,32 @@ VARIABLES: dict[str, EnvVar] = {
             "DSV41_GFX942_DISABLE",
             False,
             "Global off switch: the plugin patches nothing (vLLM runs unchanged).",
+            unreadable=True,
         ),
         EnvVar(
             "DSV41_GFX942_TOPK",
             True,
             "HIP top-512, candidate selection (layer 20) and candidate top-k (layers 24-36).",
+            unreadable=False,
         ),
         EnvVar(
             "DSV41_GFX942_CAND_LOGITS",
             True,
             "Candidate-only FP8 indexer logits (Gluon) on the reader layers 24-36; they end with "
             "the HIP compact top-512, so they need DSV41_GFX942_TOPK on as well.",
+            unreadable=False,
         ),
         EnvVar(
             "DSV41_GFX942_FUSED_MARKOV",
             True,
             "DSpark Markov draft sampling fused to one launch a draft step (Triton).",
+            unreadable=False,
         ),
         EnvVar(
             "DSV41_GFX942_REQUIRE_HIP",
             False,
             "Build time: a missing HIP compiler fails the wheel build (ROCm release build, CI).",
+            unreadable=True,
         ),
     )
 }
@@ -74,13 +83,14 @@ NEEDS = {"cand_logits": ("topk",)}
 _warned: set[str] = set()
 
 
-def _warn_once(name: str, raw: str, default: bool) -> None:
+def _warn_once(name: str, raw: str, read_as: bool) -> None:
     if name in _warned:
         return
     _warned.add(name)
     from ._log import logger
 
-    logger.warning("%s=%r is not a boolean; using the default %s", name, raw, default)
+    logger.warning("%s=%r is not a boolean; read as %s, the side that leaves vLLM unchanged",
+                   name, raw, read_as)  # fmt: skip
 
 
 def get_bool(name: str) -> bool:
@@ -94,8 +104,8 @@ def get_bool(name: str) -> bool:
         return True
     if value in _FALSE:
         return False
-    _warn_once(name, raw, var.default)
-    return var.default
+    _warn_once(name, raw, var.unreadable)
+    return var.unreadable
 
 
 def disabled() -> bool:
@@ -113,7 +123,11 @@ def enabled(family: str) -> bool:
 
 
 def settings() -> dict[str, str]:
-    """Every variable as the status command prints it: the value set, or '<default>'."""
+    """Every variable as the status command prints it: the value set and what it reads as, or
+    '<unset: default>'."""
     return {
-        name: os.environ.get(name, f"<unset: {var.default!r}>") for name, var in VARIABLES.items()
+        name: f"{os.environ[name]} (read as {get_bool(name)})"
+        if os.environ.get(name, "").strip()
+        else f"<unset: {var.default!r}>"
+        for name, var in VARIABLES.items()
     }
