@@ -860,6 +860,29 @@ def test_code_object_loaded_when_a_layer_is_built(vllm_env, monkeypatch, on):
     assert builds == ([1] if on else [])
 
 
+def test_another_plugins_replacement_of_the_op_serves(vllm_env, monkeypatch, plugin_log):
+    """vLLM builds an op registered with ``CustomOp.register_oot`` under ``SparseAttnIndexer``
+    in place of vLLM's; the patched class, whose name differs, builds that one too (once
+    built, only its own __init__ ran), with one warning; unregistered, the plugin's class."""
+    from vllm.model_executor import custom_op
+    from vllm.model_executor.layers.sparse_attn_indexer import SparseAttnIndexer
+
+    class OtherVendorIndexer(SparseAttnIndexer):
+        pass
+
+    builds = []
+    monkeypatch.setattr(topk, "build", lambda: builds.append(1) or True)
+    monkeypatch.setitem(custom_op.op_registry_oot, "SparseAttnIndexer", OtherVendorIndexer)
+    for _ in range(2):
+        layer = make_layer(vllm_env, "plain", 4)
+        assert type(layer) is OtherVendorIndexer and not hasattr(layer, "dsv41_topk")
+    assert builds == []
+    warned = [r for r in plugin_log.records if "OtherVendorIndexer replaces" in r.getMessage()]
+    assert [r.levelname for r in warned] == ["WARNING"]
+    del custom_op.op_registry_oot["SparseAttnIndexer"]
+    assert type(make_layer(vllm_env, "plain", 4)).__name__ == "Dsv41Gfx942SparseAttnIndexer"
+
+
 def test_candidate_logits_of_zero_are_not_proof(vllm_env, monkeypatch):
     """Dense logits all 0 (keys or queries of zeros): however many live columns compare
     equal, nothing meaningful was compared, so the variant keeps vLLM's path, unjudged."""

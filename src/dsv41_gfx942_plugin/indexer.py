@@ -27,6 +27,7 @@ from vllm._aiter_ops import rocm_aiter_ops
 from vllm.compilation.breakable_cudagraph import eager_break_during_capture
 from vllm.config import CUDAGraphMode
 from vllm.forward_context import get_forward_context
+from vllm.model_executor.custom_op import op_registry_oot
 from vllm.v1.attention.backends.mla.indexer import DeepseekV32IndexerMetadata
 from vllm.v1.attention.ops import common as _vllm_common
 from vllm.v1.attention.ops import rocm_aiter_mla_sparse as _vllm_rocm
@@ -48,6 +49,19 @@ def make_indexer_cls(original: type) -> type:
 
     class Dsv41Gfx942SparseAttnIndexer(original):
         """vLLM's sparse indexer op with the plugin's gfx942 decode path in ``forward_hip``."""
+
+        def __new__(cls, *args, **kwargs):
+            # Another plugin's replacement of vLLM's op (``CustomOp.register_oot``, keyed by the
+            # class name, which this subclass does not carry) serves, as it would unpatched.
+            other = op_registry_oot.get(original.__name__)
+            if other is not None:
+                logger.warning_once(
+                    "dsv41_gfx942: %s replaces vLLM's %s (registered by another plugin); it "
+                    "serves DeepSeek-V4.1's indexer, not the plugin's decode path",
+                    other.__qualname__, original.__name__,
+                )  # fmt: skip
+                return other(*args, **kwargs)
+            return super().__new__(cls, *args, **kwargs)
 
         def __init__(self, *args, **kwargs):
             global layers_built

@@ -10,7 +10,9 @@
      affected: DSv3.2 builds ``SparseAttnIndexer`` directly, the ROCm MXFP4 indexer and the
      ``--monokernel`` gfx942 indexer (``DeepseekV41Gfx942Indexer``) set their own ``attn_cls``
      and keep vLLM's classes. ``CustomOp.register_oot`` was not used: it is keyed by class name
-     and would take every model's ``SparseAttnIndexer``. Must land before the model is built
+     and would take every model's ``SparseAttnIndexer``; for the same reason the subclass
+     builds another plugin's ``register_oot`` replacement of ``SparseAttnIndexer`` where one is
+     registered, as vLLM would unpatched (one warning). Must land before the model is built
      (``CustomOp`` binds its forward in ``__init__``): vLLM loads general plugins in each worker
      before that.
    - Checked first: ``attn_cls`` is still vLLM's ``SparseAttnIndexer``; the parameters of
@@ -96,6 +98,7 @@ INDEXER = Patch(
         Expect("vllm.compilation.breakable_cudagraph:eager_break_during_capture", params=("fn",)),
         Expect("vllm.forward_context:get_forward_context", params=()),
         Expect("vllm.config:CUDAGraphMode.FULL"),
+        Expect("vllm.model_executor.custom_op:op_registry_oot.get"),  # other plugins' ops
         # What the plugin's decode path (indexer.decode_step) calls or reads of vLLM.
         Expect(f"{_ROCM}:rocm_fp8_paged_mqa_logits", params=(
             "q_fp8", "kv_cache_fp8", "weights", "context_lens", "block_tables",
