@@ -279,7 +279,7 @@ __device__ __forceinline__ void select_prologue(Sel<BLOCK, Id, B>& s) {
   for (int i = threadIdx.x; i < Sel<BLOCK, Id, B>::BINS; i += BLOCK) s.hist[0][i] = 0;
 }
 
-// The cut of the k largest keys in [lo, hi] (k <= their count; keys outside the range are not
+// The cut of the k largest keys in [lo, hi] (keys outside the range are not
 // candidates, those above hi must not exist): a radix select over the key range, whose bins
 // are 2^shift consecutive keys (at most Sel::BINS bins), that narrows the range to the k-th key's
 // bin each pass and stops when that bin is taken whole. Each pass is one count and three
@@ -302,7 +302,9 @@ __device__ __forceinline__ Cut radix_cut(Sel<BLOCK, Id, B>& s, int& ph, Keys& ke
   uint32_t krem = k, pop = 0xffffffffu;  // keys in [lo, hi], once a pass has counted them
 #pragma unroll 1
   for (int p = 0;; ++p, ++pc) {
-    if (lo == hi) return Cut{lo, lo, krem, k};  // one key value left: krem of its ties
+    // One key value left, krem of its ties: only once a pass has counted them, since a floor
+    // pass's range may open with fewer than k keys (every group's top two equal: lo == hi).
+    if (lo == hi && pop != 0xffffffffu) return Cut{lo, lo, krem, k};
     const uint32_t span = hi - lo;
     const int bits = 32 - __clz((int)span);
     const int shift = bits > B ? bits - B : 0;

@@ -60,6 +60,9 @@ def make_logits(rows, width, kind="randn", seed=0, stride=None, device="cpu"):
         x.fill_(1.5)
     elif kind == "zeros":  # 95% zeros, the rest random: ties below the cut
         x.masked_fill_(torch.rand(x.shape, device=device, generator=g) < 0.95, 0.0)
+    elif kind == "max_every_4":  # every float4 holds the row's greatest value: each group of
+        # keys has the same maximum, and a row under 2048 columns has fewer than 512 copies
+        x.zero_()[:, ::4] = 1.0
     elif kind == "cluster":  # the last 4096 columns of every 16384 high: more than a chunk's
         x[:, (torch.arange(width, device=device) // 4096) % 4 == 3] += 3.0  # 1024 superset slots
     return x

@@ -91,6 +91,10 @@ def out(rows, cols=512):
         (1, 32768, [32768], "masked"),
         (1, 40000, [40000], "cluster"),  # chunks cut their supersets at a radix pass's bin
         (4, 600, [0, 1, 512, 513], "randn"),  # short and empty rows
+        # Equal group maxima, fewer than 512 of them: the floor from each group's top two keys
+        # must count that value's keys, not take it as the 512th (it wrote stale LDS entries).
+        (2, 2048, [1500, 2047], "max_every_4"),
+        (1, 1500, [1500], "max_every_4"),
     ],
 )
 def test_decode(emu, rows, width, ends, kind):
@@ -218,6 +222,31 @@ def test_compact(emu):
     idx = out(1)
     assert topk.compact_top_k_512(x, ids, lens([10**6]), 1, idx)
     ref.check_compact(x, ids, 1, lens([10**6]), idx, f"wave{emu} compact")
+
+
+def test_candidates_with_equal_group_maxima(emu):
+    """130 live blocks (1040 columns) whose every half block holds the row's maximum: 260
+    copies, fewer than 512, in every group of keys (the floor from the groups' top two keys)."""
+    width, bs = 131072, 8
+    x = logits_of(1, width, "max_every_4", seed=12)
+    cands = torch.full((1, 2048), -1, dtype=torch.int32)
+    cands[0, :130] = torch.arange(1000, 1130, dtype=torch.int32)
+    idx = out(1)
+    assert topk.candidate_top_k(x, 1, lens([width]), cands, bs, idx, 512)
+    ref.check_candidates(x, 1, lens([width]), cands, bs, idx, f"wave{emu} equal group maxima")
+
+
+def test_compact_with_equal_group_maxima(emu):
+    """A compact row whose live lanes (300 of each 512) hold two values, the greater in every
+    group of the first half: fewer than 512 copies of it, with every group's maximum equal."""
+    x = torch.zeros(1, 1024)
+    ids = torch.full((1, 1024), -1, dtype=torch.int32)
+    live = torch.arange(1024) % 512 < 300
+    ids[0, live] = torch.arange(600, dtype=torch.int32) * 7 + 3
+    x[0, :300], x[0, 512:812] = 1.0, 0.5
+    idx = out(1)
+    assert topk.compact_top_k_512(x, ids, lens([10**6]), 1, idx)
+    ref.check_compact(x, ids, 1, lens([10**6]), idx, f"wave{emu} compact equal group maxima")
 
 
 def test_candidates_few_live(emu):

@@ -70,6 +70,8 @@ DECODE_CASES = [
     (2, 1 << 20, [1 << 20, 999_983], "cluster"),
     (256, 3000, None, "randn"),
     (33, 40000, None, "specials"),
+    # Equal group maxima, fewer than 512 of them (a short row, a row's short last chunk).
+    (4, 17888, [1500, 2048, 17884, 1100], "max_every_4"),
 ]
 
 
@@ -175,6 +177,30 @@ def test_candidate_few_live_columns():
     assert topk.candidate_top_k(logits, 1, seq, cands, bs, idx, 512)
     ref.check_candidates(logits, 1, seq, cands, bs, idx, "few live")
     assert int((idx[0] >= 0).sum()) == 80
+
+
+def test_equal_group_maxima_in_candidates_and_compact_rows():
+    """130 live candidate blocks whose every half block holds the row's maximum (260 copies),
+    and compact rows whose live lanes (300 of each 512) hold two values: the floor from each
+    group's top two keys finds fewer than 512 keys at the equal maxima."""
+    width, bs = 131072, 8
+    logits = make_logits(2, width, "max_every_4", seed=12)
+    cands = torch.full((2, 2048), -1, dtype=torch.int32, device=DEV)
+    cands[:, :130] = torch.arange(1000, 1130, dtype=torch.int32, device=DEV)
+    cands[1, :130] += 7000
+    seq = lens_2d([width, width])
+    idx = out_buf(2)
+    assert topk.candidate_top_k(logits, 1, seq, cands, bs, idx, 512)
+    ref.check_candidates(logits, 1, seq, cands, bs, idx, "cand equal group maxima")
+    x = torch.zeros(2, 1024, device=DEV)
+    ids = torch.full((2, 1024), -1, dtype=torch.int32, device=DEV)
+    live = torch.arange(1024, device=DEV) % 512 < 300
+    ids[:, live] = torch.arange(600, dtype=torch.int32, device=DEV) * 7 + 3
+    x[:, :300], x[:, 512:812] = 1.0, 0.5
+    seq = lens_2d([10**6, 10**6])
+    idx = out_buf(2)
+    assert topk.compact_top_k_512(x, ids, seq, 1, idx)
+    ref.check_compact(x, ids, 1, seq, idx, "compact equal group maxima")
 
 
 @pytest.mark.parametrize("kind", ["randn", "ties", "specials"])
