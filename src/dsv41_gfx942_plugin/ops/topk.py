@@ -240,7 +240,8 @@ def reserve_decode_scratch(rows: int, width: int, device: int) -> bool:
     vLLM's memory profile counts it and sizes the KV cache around it (a call that later finds
     it too small grows it then, outside graph capture). About a seventh of vLLM's own: 72 KiB a
     row of 128k logits against its 512 KiB, 576 KiB a row of 1M."""
-    need = max(rows * _decode_split(width, register, MAX_BLOCKS)[2] for register in (True, False))
+    paths = (True, False) if width <= MAX_CHUNKS * CHUNK else (False,)  # as _register_path
+    need = max(rows * _decode_split(width, register, MAX_BLOCKS)[2] for register in paths)
     return need == 0 or _scratch.reserve(device, need)
 
 
