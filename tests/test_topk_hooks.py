@@ -173,6 +173,7 @@ def test_decode_unaligned_rows_take_general_path(calls, cut):
         "lens_3d",
         "next_n_float",
         "2d_lens_short",
+        "idx_rows_overlap",
     ],
 )
 def test_decode_refuses(calls, change, monkeypatch):
@@ -220,6 +221,8 @@ def test_decode_refuses(calls, change, monkeypatch):
         next_n = 1.0
     elif change == "2d_lens_short":  # 2-D lengths are one a row: 3 for 6 rows, whatever next_n
         seq, next_n = torch.full((3, 1), 5, dtype=torch.int32), 2
+    elif change == "idx_rows_overlap":  # rows 256 apart: each row's 512 would overwrite
+        idx = torch.full((6 * 256 + 256,), 7, dtype=torch.int32).as_strided((6, 512), (256, 1))
     elif change == "no_scratch":  # during graph capture the scratch cannot grow
         monkeypatch.setattr(topk._scratch, "get", lambda device, numel: None)
     assert topk.decode_top_k(logits, next_n, seq, idx, topk_tokens) is False
@@ -306,6 +309,7 @@ def test_select_gating(calls):
     assert not topk.select_candidates(logits, 3, seq, 8, cands.flatten())
     assert not topk.select_candidates(logits, 3, seq, 8, None)
     assert not topk.select_candidates(logits, 3, seq.to("meta"), 8, cands)
+    assert not topk.select_candidates(logits, 3, seq, 8, cands[:1].expand(6, -1))  # rows overlap
     assert calls == []
     assert topk.select_candidates(logits, 3, seq, 8, cands)
     assert calls[0][0] == "dsv_select_blocks" and calls[0][3][4] == 3  # one length a request

@@ -168,8 +168,18 @@ def _is_int32_rows(t, rows: int, device) -> bool:
     )
 
 
+def _rows_apart(t: torch.Tensor, rows: int, width: int) -> bool:
+    """Whether ``rows`` rows of ``width`` entries written into ``t`` do not overlap (an expanded
+    or overlapping view would have its rows overwrite each other)."""
+    return rows <= 1 or t.stride(0) >= width
+
+
 def _is_index_out(indices, rows: int, width: int, device) -> bool:
-    return _is_int32_rows(indices, rows, device) and indices.shape[1] >= width
+    return (
+        _is_int32_rows(indices, rows, device)
+        and indices.shape[1] >= width
+        and _rows_apart(indices, rows, width)
+    )
 
 
 def _is_block_ids(candidates, rows: int, max_blocks: int, device) -> bool:
@@ -454,6 +464,7 @@ def select_candidates(logits, next_n, seq_lens, block_size, candidates) -> bool:
         and seq_lens.is_contiguous()
         and seq_lens.device == logits.device
         and _is_block_ids(candidates, rows, MAX_SELECT_K, logits.device)
+        and _rows_apart(candidates, rows, candidates.shape[1])
     ):
         return False
     blocks = -(-width // block_size)
