@@ -444,6 +444,9 @@ REFUSED = {
     "seq_lens wrong count": dict(seq_lens=torch.full((4,), 300, dtype=torch.int32)),
     "seq_lens strided": dict(seq_lens=torch.full((6,), 300, dtype=torch.int32)[::2]),
     "seq_lens [rows, 1]": dict(seq_lens=torch.full((6, 1), 300, dtype=torch.int32)),
+    "seq_lens [batch, 1]": dict(seq_lens=torch.full((3, 1), 300, dtype=torch.int32)),  # next_n 2
+    "cache on another device": dict(kv_cache=strided_cache(8, 64, 128, 0, "meta")),
+    "weights on another device": dict(weights=torch.zeros(8, 64, device="meta")),
     "block table int64": dict(block_table=torch.zeros(3, 8, dtype=torch.int64)),
     "block table strided": dict(block_table=torch.zeros(3, 16, dtype=torch.int32)[:, ::2]),
     "block table short": dict(block_table=torch.zeros(2, 8, dtype=torch.int32)),
@@ -506,7 +509,9 @@ def test_hook_refuses_and_writes_nothing(name, fake_topk):
     """Against a top-k that takes every call (``fake_topk``, which takes the base call:
     test_hook_hands_compact_rows_to_the_top_k), so the refusal is the hook's own."""
     args = hook_args(**REFUSED[name])
-    before = {k: v.clone() for k, v in args.items() if isinstance(v, torch.Tensor)}
+    before = {
+        k: v.clone() for k, v in args.items() if isinstance(v, torch.Tensor) and not v.is_meta
+    }
     assert cand_logits._hook_takes(**args) is False
     assert cand_logits.candidate_logits_top_k(**args) is False
     assert fake_topk == {}  # neither the logits kernel nor the top-k was launched

@@ -132,6 +132,14 @@ def test_reserved_scratch_serves_every_decode_call(calls, monkeypatch, width):
     assert calls[-2][0] == "dsv_topk512_chunks_stream"
 
 
+def test_decode_split_of_one_chunk_needs_no_scratch():
+    """A row of one chunk is written by its chunk: no scratch (so graph capture with none yet
+    still takes it); two chunks need it."""
+    assert topk._decode_split(16384, True, 8)[2] == 0
+    assert topk._decode_split(16385, True, 8)[2] > 0
+    assert topk._decode_split(1 << 20, False, 1)[2] == 0
+
+
 def test_decode_one_chunk_is_one_launch(calls):
     logits, next_n, seq, idx = decode_inputs(width=16384)
     assert topk.decode_top_k(logits, next_n, seq, idx, 512)
@@ -286,7 +294,11 @@ def test_candidate_gating(calls):
     assert not topk.candidate_top_k(logits, next_n, seq, None, 8, idx, 512)
     assert not topk.candidate_top_k(logits, next_n, seq, cands, 0, idx, 512)
     assert not topk.candidate_top_k(logits, next_n, seq, cands.to("meta"), 8, idx, 512)
+    # One column past the register limit (5 blocks of 3277: 16385 columns); at it, taken below.
+    assert not topk.candidate_top_k(logits, next_n, seq, cands[:, :5], 3277, idx, 512)
     assert calls == []
+    assert topk.candidate_top_k(logits, next_n, seq, cands[:, :4], 4096, idx, 512)
+    calls.clear()
     assert topk.candidate_top_k(logits, next_n, seq, cands, 8, idx, 512)
     assert [c[0] for c in calls] == ["dsv_topk512_candidates"]
 
@@ -310,11 +322,19 @@ def test_select_gating(calls):
     assert not topk.select_candidates(logits, 3, seq, 8, None)
     assert not topk.select_candidates(logits, 3, seq.to("meta"), 8, cands)
     assert not topk.select_candidates(logits, 3, seq, 8, cands[:1].expand(6, -1))  # rows overlap
+    five = torch.full((5,), 100, dtype=torch.int32)  # one length a row, but 5 for 6 rows
+    assert not topk.select_candidates(logits, 1, five, 8, cands)
+    wide = torch.zeros(6, 8 * topk.MAX_SELECT_BLOCKS + 1)  # one block past the wide kernel's
+    assert not topk.select_candidates(wide, 3, seq, 8, cands)
     assert calls == []
     assert topk.select_candidates(logits, 3, seq, 8, cands)
     assert calls[0][0] == "dsv_select_blocks" and calls[0][3][4] == 3  # one length a request
     assert topk.select_candidates(logits, 3, torch.full((6, 1), 9, dtype=torch.int32), 8, cands)
     assert calls[1][3][4] == 1  # one length a row
+    # More lengths than rows (4 for 2 rows): still one a request, as vLLM's repeat reads them.
+    assert topk.select_candidates(logits[:2], 2, torch.full((4,), 9, dtype=torch.int32), 8,
+                                  cands[:2])  # fmt: skip
+    assert calls.pop()[3][4] == 2
     assert topk.select_candidates(torch.zeros(6, 262144), 3, seq, 8, cands)  # 32768 blocks
     assert topk.select_candidates(torch.zeros(6, 131065), 3, seq, 8, cands)  # 16384 blocks
     assert topk.select_candidates(torch.zeros(6, 131073), 3, seq, 8, cands)  # 16385
@@ -327,6 +347,8 @@ def test_compact_gating(calls):
     seq, idx = torch.full((6, 1), 9, dtype=torch.int32), torch.zeros(6, 512, dtype=torch.int32)
     assert not topk.compact_top_k_512(logits, ids.long(), seq, 1, idx)
     assert not topk.compact_top_k_512(torch.zeros(6, 16385), ids, seq, 1, idx)
+    wide = torch.zeros(6, 16385, dtype=torch.int32)  # ids of the same shape: the width bound
+    assert not topk.compact_top_k_512(torch.zeros(6, 16385), wide, seq, 1, idx)
     assert not topk.compact_top_k_512(logits, ids, seq, 1, idx[:, :500])
     assert not topk.compact_top_k_512(logits, ids[:, :100], seq, 1, idx)
     assert not topk.compact_top_k_512(logits, torch.zeros(6, 32768, dtype=torch.int32)[:, ::2],
