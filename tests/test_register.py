@@ -271,6 +271,20 @@ def test_changed_signature_is_skipped_with_warning(clean_plugin, fake_platform, 
     assert len(warnings) == 1 and SAMPLER in warnings[0] and "extra" in warnings[0]
 
 
+def test_no_patch_applied_is_inactive(clean_plugin, fake_platform, monkeypatch, plugin_log,
+                                      targets):  # fmt: skip
+    """Every patch switched off or failing its check: nothing is patched, and register() says
+    so (status and the INFO line), not "active"."""
+    from vllm.v1.worker.gpu.spec_decode.dspark.speculator import DSparkSpeculator
+
+    monkeypatch.setattr(DSparkSpeculator, "_sample_sequential", lambda self, num_reqs: None)
+    monkeypatch.setenv("DSV41_GFX942_TOPK", "0")
+    clean_plugin.register()
+    assert clean_plugin.status() == "inactive: no patch applied"
+    assert not patching.applied()
+    assert "dsv41_gfx942 plugin inactive on gfx942: no patch applied" in _infos(plugin_log)
+
+
 @pytest.mark.parametrize("name", ["vllm.forward_context.get_forward_context",
                                   "vllm.compilation.breakable_cudagraph.eager_break_during_capture",
                                   "vllm.config.CUDAGraphMode"])  # fmt: skip

@@ -80,9 +80,10 @@ def _register() -> str:
     results = patches.apply_all()
     done = [t.rsplit(".", 2)[-2] + "." + t.rsplit(".", 1)[-1] for t, r in results.items()
             if r == "applied"]  # fmt: skip
-    logger.info(
-        "dsv41_gfx942 plugin active on gfx942: patched %s", ", ".join(done) if done else "nothing"
-    )
+    if not done:  # every patch switched off or its check failed (each said why)
+        logger.info("dsv41_gfx942 plugin inactive on gfx942: no patch applied")
+        return "inactive: no patch applied"
+    logger.info("dsv41_gfx942 plugin active on gfx942: patched %s", ", ".join(done))
     return "active"
 
 
