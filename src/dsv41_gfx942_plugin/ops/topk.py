@@ -197,14 +197,19 @@ def _is_logits(logits: torch.Tensor) -> bool:
     )
 
 
+def _register_width(width: int) -> bool:
+    """Widths the chunk kernel takes: at least one float4 (it reads a row's first 4 logits
+    however short the row; a narrower row ends at or before 512, which the general path answers
+    without reading it), at most 64 chunks."""
+    return 4 <= width <= MAX_CHUNKS * CHUNK
+
+
 def _register_path(logits: torch.Tensor) -> bool:
-    """Rows the chunk kernel takes: 16-byte aligned, at least one float4 wide (it reads a
-    row's first 4 logits however short the row; a narrower row ends at or before 512, which
-    the general path answers without reading it), at most 64 chunks."""
+    """Rows the chunk kernel takes: 16-byte aligned, of a width it takes."""
     return (
         logits.stride(0) % 4 == 0
         and logits.data_ptr() % 16 == 0
-        and 4 <= logits.shape[1] <= MAX_CHUNKS * CHUNK
+        and _register_width(logits.shape[1])
     )
 
 
@@ -250,7 +255,7 @@ def reserve_decode_scratch(rows: int, width: int, device: int) -> bool:
     vLLM's memory profile counts it and sizes the KV cache around it (a call that later finds
     it too small grows it then, outside graph capture). About a seventh of vLLM's own: 72 KiB a
     row of 128k logits against its 512 KiB, 576 KiB a row of 1M."""
-    paths = (True, False) if width <= MAX_CHUNKS * CHUNK else (False,)  # as _register_path
+    paths = (True, False) if _register_width(width) else (False,)
     need = max(rows * _decode_split(width, register, MAX_BLOCKS)[2] for register in paths)
     return need == 0 or _scratch.reserve(device, need)
 
