@@ -369,6 +369,7 @@ def sanitized_calls():
         (3, 40000, "sparse_finite", True),  # masked chunks' top-two floor
         (5, 300001, "masked", False),  # the general path
         (3, 1000, "ties", False),
+        (3, 2048, "max_every_4", True),  # every group's maximum equal: the floor's one-value range
     ]
     for rows, width, kind, register in dec:
         logits = make_logits(rows, width, kind, seed=rows)
