@@ -769,6 +769,29 @@ def test_first_decode_step_is_logged_once(vllm_env, monkeypatch, plugin_log):
     assert len(lines) == 1 and "indexer_decode 2/2" in lines[0]
 
 
+def test_first_decode_step_log_waits_for_layers_sharing_a_k_cache(vllm_env, monkeypatch,
+                                                                    plugin_log):  # fmt: skip
+    """DSv4.1's index layers that are not KV sources share the K cache (and so its prefix) of
+    the KV source below them (vLLM's ``DeepseekV4Attention``: the same ``DeepseekV4IndexerCache``
+    object). The first-step line waits until the first layer itself comes round again, not
+    the next layer with its prefix: every layer's decisions are in it."""
+    monkeypatch.setattr(indexer, "_first_layer", None)
+    monkeypatch.setattr(indexer, "_first_step_logged", False)
+    install_hooks(monkeypatch, vllm_env, take=True)
+    seq, decode_lens, padded, n_dec, q = make_step("mtp_2d")
+    meta = metadata(seq, decode_lens, padded, n_dec)
+    source = make_layer(vllm_env, "plain", n_dec)
+    sharing = make_layer(vllm_env, "plain", n_dec)
+    sharing.k_cache = source.k_cache  # a non-owning index source, as vLLM builds it
+    writer = make_layer(vllm_env, "writer", n_dec)
+    for _ in range(2):
+        for layer in (source, sharing, writer):
+            run(vllm_env, layer, meta, q, n_dec)
+    lines = [r.getMessage() for r in plugin_log.records if "first decode step" in r.getMessage()]
+    assert len(lines) == 1
+    assert "indexer_decode 3/3" in lines[0] and "select_candidates 1/1" in lines[0]
+
+
 @pytest.mark.parametrize("page_size", [1, 16, 64])
 @pytest.mark.parametrize("ratio", [1, 2, 4])
 @pytest.mark.parametrize("module", [True, False])

@@ -36,7 +36,7 @@ from . import cand_probe, counters, envs
 from ._log import logger
 from .ops import _launcher, topk
 
-_first_layer: str | None = None
+_first_layer: int | None = None  # id() of the first layer to take a decode step
 _first_step_logged = False
 #: Layers built from the plugin's class in this process (none with vLLM's --monokernel or the
 #: MXFP4 indexer, whose classes bypass the patch): the speculator's log names the indexer path.
@@ -128,7 +128,7 @@ def indexer_step(layer, hidden_states, q_fp8, k, weights) -> torch.Tensor:
             candidate_block_size=layer.candidate_block_size,
             candidate_write=layer.candidate_write,
         )  # fmt: skip
-    _note_step(layer.k_cache.prefix)
+    _note_step(layer)
     counters.record("indexer_decode", True)
     return decode_step(layer, meta, hidden_states.shape[0], q_fp8, weights)
 
@@ -154,16 +154,18 @@ def _reserve_scratch(layer, hidden_states) -> None:
                             str(err))  # fmt: skip
 
 
-def _note_step(prefix: str) -> None:
+def _note_step(layer) -> None:
     """Log which hooks serve once, when the first decode step has passed every layer (the
     first layer comes round again). Under CUDA graphs that step is vLLM's warm-up run before
-    its first capture. Costs one comparison a layer after."""
+    its first capture. Costs one comparison a layer after. Keyed by the layer, not its K
+    cache's prefix: DSv4.1's index layers that are not KV sources share the K cache (and
+    prefix) of the KV source below them."""
     global _first_layer, _first_step_logged
     if _first_step_logged:
         return
     if _first_layer is None:
-        _first_layer = prefix
-    elif prefix == _first_layer:
+        _first_layer = id(layer)
+    elif id(layer) == _first_layer:
         _first_step_logged = True
         logger.info("dsv41_gfx942: first decode step done (a warm-up's, under CUDA graphs); "
                     "hooks taken/decided: %s",
