@@ -517,3 +517,48 @@ def test_never_compared_inside_capture(monkeypatch):
     assert F._compare_now(key) and not F._compare_now(("cpu",) + key[1:])
     monkeypatch.setattr(F, "_settled", {key})
     assert not F._compare_now(key)
+
+
+def _replay_step(spec, rows, hidden):
+    """One draft step as the patch runs it: the fused path, else vLLM's loop."""
+    return F.sample_sequential(spec, rows, hidden) or R.vllm_sample_sequential()(spec, rows, hidden)
+
+
+@pytest.mark.parametrize(
+    "rows,temp",
+    [(1, 0.6), (1, 0.0), (2, 0.0), (4, 1.0)],
+    ids=["1-row-below-1", "1-row-greedy", "2-rows-greedy", "4-rows-all-at-1"],
+)
+def test_the_probe_runs_every_temperature_path_a_replay_may_take(rows, temp, monkeypatch):
+    """vLLM's warm-up before it captures a sampled configuration has every row inert, so the
+    probe's live rows are all that is compared before the graph's replays, which are never
+    compared. Each temperature path of the step kernel must be among them: a row below 1 (the
+    division), a live temperature-0 request (an argmax whose logits are cached), and a tile whose
+    rows are all at 1 (no division at all, vLLM's default temperature), whatever the batch's
+    size. Kernels wrong only on the path that ``temp`` takes are caught at the warm-up, so a
+    replay of a live batch at ``temp`` is vLLM's (before: a 1-row probe ran temperature 1 only,
+    2 rows 1 and 0.6, and a batch of 4 never had a tile all at 1)."""
+
+    def takes_the_path(spec):
+        idx = spec.sample_idx_mapping[: rows * 3].view(rows, 3)[:, 0]
+        if not bool((idx >= 0).all()):
+            return False
+        t = spec.temperature[idx]
+        return bool((t == 1.0).all()) if temp == 1.0 else bool((t == temp).any())
+
+    def launch(spec, *args, **kwargs):
+        REAL_LAUNCH(spec, *args, **kwargs)
+        if takes_the_path(spec):
+            _next_token(spec)
+
+    monkeypatch.setattr(F, "_launch", launch)
+    spec, hidden = R.make_case(vocab=700, rows=rows, n_spec=3, temps=(temp,), inert=1.0, seed=92)
+    took, ref, out = R.run_both(spec, rows, hidden, _replay_step, fused_only=False)  # warm-up
+    assert took is not False and torch.equal(ref["tokens"], out["tokens"])
+    # The graph's replays, never compared, of a live batch at ``temp``.
+    monkeypatch.setattr(F, "_compare_now", lambda key: False)
+    spec.sample_idx_mapping[: rows * 3] = torch.arange(rows).repeat_interleave(3)
+    spec.temperature[:rows] = temp
+    took, ref, out = R.run_both(spec, rows, hidden, _replay_step, fused_only=False)
+    assert torch.equal(ref["tokens"], out["tokens"]) and torch.equal(ref["cache"], out["cache"])
+    assert F._off_reason is not None and "differed from vLLM's loop" in F._off_reason

@@ -45,7 +45,8 @@ GROUP = 4
 MAX_DIFFER = 1e-3
 # The compared rows' temperatures when they are made live for a sampled configuration's first
 # comparison from inert rows (:func:`first_step`): sampled rows below and above 1, and a greedy
-# request among them (an argmax whose logits are cached).
+# request among them (an argmax whose logits are cached). Fewer compared rows than these take
+# several rounds, so that each reaches a row (:func:`_probe_rounds`).
 PROBE_TEMPERATURES = (1.0, 0.6, 0.0, 1.7)
 # |vLLM's - fused| <= TOL * (|logit| + |base logit|): a bias's last bf16 bit (at most 2**-7 of
 # the bias, which is at most |logit| + |base|) and the add's rounding (2**-8 of the logit).
@@ -146,20 +147,37 @@ def first_step(
     idx = spec.sample_idx_mapping[: num_reqs * n_spec].view(num_reqs, n_spec)[sel].long()
     noisy = (idx >= 0) & (spec.temperature[idx.clamp(min=0)] != 0)
     if probe and spec.draft_logits is not None and not bool(noisy.any()):
-        with _live(spec, num_reqs, n_spec, sel):
-            why, _ = _compare_step(spec, num_reqs, base, loop, fused, row_ids, sel)
-        if why is not None:
-            loop()  # the step's output: vLLM's loop's on the step's own state
-            return why, False
+        for temps in _probe_rounds(len(row_ids)):
+            with _live(spec, num_reqs, n_spec, sel, temps):
+                why, _ = _compare_step(spec, num_reqs, base, loop, fused, row_ids, sel)
+            if why is not None:
+                loop()  # the step's output: vLLM's loop's on the step's own state
+                return why, False
     return _compare_step(spec, num_reqs, base, loop, fused, row_ids, sel)
 
 
+def _probe_rounds(rows: int) -> list[tuple[float, ...]]:
+    """The probe's rounds, each the temperatures of the ``rows`` compared rows: every one of
+    PROBE_TEMPERATURES on some row (a round more while fewer rows than temperatures: one row
+    otherwise ran temperature 1 alone, two rows never a greedy request), then every row at 1
+    (vLLM's default temperature: a row tile none of whose rows divides by its temperature, a
+    path that a round of mixed temperatures never takes)."""
+    n = len(PROBE_TEMPERATURES)
+    rounds = [
+        tuple(PROBE_TEMPERATURES[(start + i) % n] for i in range(rows))
+        for start in range(0, n, rows)
+    ]
+    if rows > 1:
+        rounds.append((1.0,) * rows)
+    return rounds
+
+
 @contextlib.contextmanager
-def _live(spec, num_reqs: int, n_spec: int, sel: torch.Tensor):
+def _live(spec, num_reqs: int, n_spec: int, sel: torch.Tensor, temps=None):
     """The rows ``sel`` live for the duration, every other row inert (a row left live could
-    share a slot with a compared row's): each its own request slot, with PROBE_TEMPERATURES, a
-    seed and positions of its own; every value this changes, and the slots' cached logits,
-    restored after."""
+    share a slot with a compared row's): each its own request slot, with the temperatures
+    ``temps`` (one a row; by default PROBE_TEMPERATURES in turn), a seed and positions of its
+    own; every value this changes, and the slots' cached logits, restored after."""
     num_sample = num_reqs * n_spec
     idx_map = spec.sample_idx_mapping[:num_sample].view(num_reqs, n_spec)
     pos = spec.sample_pos[:num_sample].view(num_reqs, n_spec)
@@ -169,8 +187,9 @@ def _live(spec, num_reqs: int, n_spec: int, sel: torch.Tensor):
         idx_map.fill_(-1)
         idx_map[sel] = sel[:, None].to(idx_map.dtype)
         pos[sel] = 4097 + torch.arange(n_spec, device=pos.device, dtype=pos.dtype)
-        temps = torch.tensor(PROBE_TEMPERATURES, device=sel.device, dtype=spec.temperature.dtype)
-        spec.temperature[sel] = temps[torch.arange(sel.numel(), device=sel.device) % temps.numel()]
+        if temps is None:
+            temps = _probe_rounds(sel.numel())[0]
+        spec.temperature[sel] = torch.tensor(temps, device=sel.device, dtype=spec.temperature.dtype)
         spec.seeds[sel] = (20261204 + 7919 * sel).to(spec.seeds.dtype)
         yield
     finally:
