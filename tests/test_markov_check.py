@@ -291,8 +291,10 @@ def test_base_logits_copied_only_for_a_subset(rows, monkeypatch):
     spec, hidden = R.make_case(vocab=300, rows=rows, n_spec=2, temps=(1.0,), inert=0.0, seed=87)
     took, ref, out = R.run_both(spec, rows, hidden, F.sample_sequential, fused_only=False)
     assert took and F._off_reason is None
-    (base,) = seen
-    assert base.shape[0] == min(rows, C.CHECK_ROWS) and base._is_view() == (rows <= C.CHECK_ROWS)
+    assert len(seen) == len(C._probe_rounds(min(rows, C.CHECK_ROWS))) + 1  # the probe's, the step's
+    for base in seen:
+        assert base.shape[0] == min(rows, C.CHECK_ROWS)
+        assert base._is_view() == (rows <= C.CHECK_ROWS)
 
 
 @pytest.mark.parametrize(
@@ -560,5 +562,32 @@ def test_the_probe_runs_every_temperature_path_a_replay_may_take(rows, temp, mon
     spec.sample_idx_mapping[: rows * 3] = torch.arange(rows).repeat_interleave(3)
     spec.temperature[:rows] = temp
     took, ref, out = R.run_both(spec, rows, hidden, _replay_step, fused_only=False)
+    assert torch.equal(ref["tokens"], out["tokens"]) and torch.equal(ref["cache"], out["cache"])
+    assert F._off_reason is not None and "differed from vLLM's loop" in F._off_reason
+
+
+def test_a_first_comparison_of_live_rows_at_one_temperature_runs_the_probe(monkeypatch):
+    """An eager server's first batch of a sampled configuration may hold live requests all at
+    one temperature (vLLM's default, 1): that comparison settles the configuration, and its
+    later steps are never compared. So the first comparison runs the probe's rounds too, and
+    kernels wrong only where a row divides by its temperature are caught there; a later batch
+    at 0.6 is then vLLM's (before: the probe ran only when no compared row drew noise, the
+    configuration settled on the batch at 1, and the batch at 0.6 took the wrong kernels)."""
+
+    def launch(spec, *args, **kwargs):
+        REAL_LAUNCH(spec, *args, **kwargs)
+        idx = spec.sample_idx_mapping[: 4 * 3].view(4, 3)[:, 0]
+        live = idx >= 0
+        t = spec.temperature[idx.clamp(min=0)]
+        if bool((live & (t != 0) & (t != 1)).any()):
+            _next_token(spec)
+
+    monkeypatch.setattr(F, "_launch", launch)
+    spec, hidden = R.make_case(vocab=700, rows=4, n_spec=3, temps=(1.0,), inert=0.0, seed=93)
+    took, ref, out = R.run_both(spec, 4, hidden, _replay_step, fused_only=False)
+    assert torch.equal(ref["tokens"], out["tokens"]) and torch.equal(ref["cache"], out["cache"])
+    idx = spec.sample_idx_mapping[: 4 * 3].view(4, 3)[:, 0]
+    spec.temperature[idx] = 0.6
+    took, ref, out = R.run_both(spec, 4, hidden, _replay_step, fused_only=False)
     assert torch.equal(ref["tokens"], out["tokens"]) and torch.equal(ref["cache"], out["cache"])
     assert F._off_reason is not None and "differed from vLLM's loop" in F._off_reason

@@ -15,9 +15,10 @@ where the base logit dominates), in at most ``MAX_DIFFER`` of the compared value
 token may differ only where the cached value of one of the two tokens does; an argmax token (a
 greedy draft, temperature 0, an inert row) must hold vLLM's maximum logit within ``TOL``.
 vLLM's warm-up before it captures a step in a CUDA graph (whose replays are never compared) has
-every row inert, and an eager server's first batch may hold only temperature-0 requests: a
-sampled configuration's first comparison with no compared row drawing noise makes the compared
-rows live for it (:func:`_live`), so that the sampled path later steps run is the one compared.
+every row inert, and an eager server's first batch may hold only temperature-0 requests, or only
+requests at one temperature: a sampled configuration's first comparison also makes the compared
+rows live for it (:func:`_live`), in rounds of temperatures that take every temperature path of
+the kernels (:func:`_probe_rounds`), so that the sampled paths later steps run are compared.
 
 H200, 129280 tokens, 5 steps, eager: a first step (fused launches, vLLM's loop, comparison) takes
 4.3-10.9 ms sampled (1-256 rows; 2.9-9.3 of it the comparison) and 3.9 ms greedy (256 rows),
@@ -136,17 +137,17 @@ def first_step(
     way. Returns None when :func:`compare` accepts the fused output, else why; and whether any
     compared row was live (vLLM's warm-up rows are all inert).
 
-    With ``probe``, a sampled step none of whose compared rows draws noise (vLLM's warm-up
+    With ``probe`` (a configuration's first comparison), a sampled step is first compared with
+    the compared rows made live (:func:`_live`), in rounds of temperatures (:func:`_probe_rounds`):
+    cached logits, vLLM's noise, each temperature path of the kernels, which later steps (and a
+    graph's replays) run uncompared. The step's own rows need not take them: vLLM's warm-up
     before it captures the step in a CUDA graph, whose replays are never compared, has every row
-    inert; an eager server's first batch may hold only temperature-0 requests) is first compared
-    with those rows made live (:func:`_live`): cached logits, vLLM's noise and temperatures, the
-    sampled path that later steps (and a graph's replays) run uncompared."""
+    inert, and an eager server's first batch may hold only temperature-0 requests, or only
+    requests at one temperature, and settle the configuration."""
     n_spec = base.shape[1]
     row_ids = _rows(num_reqs)
     sel = torch.tensor(row_ids, device=base.device)
-    idx = spec.sample_idx_mapping[: num_reqs * n_spec].view(num_reqs, n_spec)[sel].long()
-    noisy = (idx >= 0) & (spec.temperature[idx.clamp(min=0)] != 0)
-    if probe and spec.draft_logits is not None and not bool(noisy.any()):
+    if probe and spec.draft_logits is not None:
         for temps in _probe_rounds(len(row_ids)):
             with _live(spec, num_reqs, n_spec, sel, temps):
                 why, _ = _compare_step(spec, num_reqs, base, loop, fused, row_ids, sel)

@@ -123,8 +123,8 @@ _buffers: dict = {}
 # take vLLM's loop from then on.
 _broken: set = set()
 # Launch configurations compared with vLLM's loop (_markov_check) at least once (a graph may
-# capture them; a sampled one's first comparison with no row drawing noise makes rows live for
-# it), those compared on a step with a live row too (compared no more), and why the fused path
+# capture them; a sampled one's first comparison makes rows live for it, at each temperature
+# path), those compared on a step with a live row too (compared no more), and why the fused path
 # is off in this process: one differed (graphs already captured keep their launches: a
 # comparison that differs after a capture cannot reach its replays), or the path raised.
 _checked: set = set()
