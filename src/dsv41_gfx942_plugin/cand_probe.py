@@ -6,8 +6,9 @@ captured at start-up: the only eager decode calls before capture are vLLM's warm
 dummy rows (a few tokens over an empty cache) prove nothing. So the comparison does not wait
 for real rows; it builds its own, of the same variant (heads, page size, FP8 dtype, rows a
 request, 1-D or 2-D lengths as vLLM's builder makes them at the layer's compress ratio), with
-random keys, scales, weights and queries, paged through a shuffled block table, and candidate
-blocks that end inside and past each row.
+random keys (with the 0x80 bytes vLLM's K writer leaves: ``WRITER_NEG_ZERO``), scales, weights
+and queries, paged through a shuffled block table, and candidate blocks that end inside and past
+each row.
 """
 
 from __future__ import annotations
@@ -28,6 +29,11 @@ PROBE_LEN = 4096
 #: columns give 3.3 chunks a program at 2-8 rows, 1.7 at one (35 MB of cache at 132 bytes a key).
 PROBE_LONG = 262144
 PAGES_AT_ONCE = 256
+#: The share of key bytes set to 0x80 (about 1.5% of keys hold one): vLLM 0.33's DSv4.1 indexer
+#: K writer (``indexer_k_norm_rope_store``) encodes OCP e4m3fn on ROCm too (``tl.float8e4nv``,
+#: max 448), whose -0 (any tiny negative element) is 0x80, NaN in the e4m3fnuz that AITER's
+#: gfx942 kernel and the candidate kernel read; keys of e4m3fnuz alone never hold it.
+WRITER_NEG_ZERO = 1 / 8192
 
 
 def probe_step(q, kv_cache, seq_lens, compress_ratio: int, width: int, cand_slots: int,
@@ -72,14 +78,17 @@ def probe_step(q, kv_cache, seq_lens, compress_ratio: int, width: int, cand_slot
     base = torch.empty(shift + pages * stride, dtype=torch.uint8, device=dev)
     cache = base[shift:].as_strided((pages, page, 1, key_bytes), (stride, key_bytes, key_bytes, 1))
     flat = base[shift:].as_strided((pages, page_bytes), (stride, 1))
-    # The cache holds keys in the indexer's FP8, q's (the hook takes only FP8 queries), drawn
-    # PAGES_AT_ONCE pages at a time (8 MiB of float32 at 64 keys of 128).
+    # The cache holds keys in the indexer's FP8, q's (the hook takes only FP8 queries), and the
+    # 0x80 bytes vLLM's writer leaves (WRITER_NEG_ZERO), drawn PAGES_AT_ONCE pages at a time
+    # (8 MiB of float32 at 64 keys of 128).
     fp8 = q.dtype if q.element_size() == 1 else torch.float8_e4m3fn
     key_row = page * (key_bytes - 4)
     for p0 in range(0, pages, PAGES_AT_ONCE):
         n = min(PAGES_AT_ONCE, pages - p0)
         keys = torch.randn(n, key_row, generator=g, device=dev).mul_(2)
-        flat[p0 : p0 + n, :key_row] = keys.to(fp8).view(torch.uint8)
+        raw = keys.to(fp8).view(torch.uint8)
+        raw[keys.uniform_(generator=g) < WRITER_NEG_ZERO] = 0x80
+        flat[p0 : p0 + n, :key_row] = raw
     scales = torch.rand(pages, page, generator=g, device=dev) + 0.5
     flat[:, key_row:] = scales.view(torch.uint8)
     candidates = torch.stack(
