@@ -102,12 +102,15 @@ def test_first_step_check_passes_the_real_kernels(rows, greedy, fp64, seed):
     assert _first_step(spec, rows, base3, w1, w2)[0] is None
 
 
-@pytest.mark.parametrize("rows,fp64", [(8, False), (64, False), (256, False), (3, True)])
+@pytest.mark.parametrize(
+    "rows,fp64",
+    [(1, False), (2, False), (5, False), (8, False), (64, False), (256, False), (1, True), (3, True)],
+)  # fmt: skip
 def test_first_step_probe_passes_the_real_kernels(rows, fp64):
     """From a batch of inert rows (vLLM's warm-up before a capture), the comparison makes the
-    compared rows live (ops/_markov_check.py's probe): the kernels pass it at the full
-    vocabulary, the fast noise's verify launch included from 17 rows, and what the probe
-    changed is restored."""
+    compared rows live (ops/_markov_check.py's probe) in each of its rounds of temperatures
+    (several at 1, 2 and 3 rows): the kernels pass it at the full vocabulary, the fast noise's
+    verify launch included from 17 rows, and what the probe changed is restored."""
     spec, w1, w2, base3 = R.make_plain_case(vocab=V, rank=256, rows=rows, fp64=fp64, inert=1.0)
     state = ("sample_idx_mapping", "sample_pos", "temperature", "seeds", "draft_logits")
     before = {name: getattr(spec, name).clone() for name in state}
