@@ -63,6 +63,12 @@ def make_logits(rows, width, kind="randn", seed=0, stride=None, device="cpu"):
     elif kind == "max_every_4":  # every float4 holds the row's greatest value: each group of
         # keys has the same maximum, and a row under 2048 columns has fewer than 512 copies
         x.zero_()[:, ::4] = 1.0
+    elif kind == "one_binade":  # logits in [1, 2) and a NaN in every 16384 columns: the
+        # NaN's key tops the floor pass's range, so its bins span a binade and nearly every key
+        # lies above the floor, more than the LDS list's 4096 in a chunk, a merge, a candidate
+        # or a compact row (their cut runs over the registers)
+        x.uniform_(1.0, 2.0, generator=g)
+        x[:, 7::16384] = float("nan")
     elif kind == "cluster":  # the last 4096 columns of every 16384 high: more than a chunk's
         x[:, (torch.arange(width, device=device) // 4096) % 4 == 3] += 3.0  # 1024 superset slots
     return x

@@ -128,6 +128,48 @@ def test_decode_many_keys_above_the_floor(emu):
     ref.check_decode(x, 1, lens([16384]), idx, f"wave{emu} many above the floor")
 
 
+@pytest.mark.parametrize(
+    "width,register,max_blocks,min_chunk",
+    [
+        (16384, True, 8, 16384),  # one chunk: the row's top 512
+        (3 * 16384, True, 8, 16384),  # chunks handing on supersets
+        (3 * 16384, False, 3, 1000),  # the general path's chunks (keys read at each pass)
+        # 64 chunks of 1000 keys, each handing on all of them: a first merge workgroup holds
+        # 8000, of which more than 4096 lie above its floor; then the second merge
+        (64000, False, 64, 1000),
+        # 64 chunks of 128 keys: each first merge hands on all its 1024, so the second holds
+        # 8192, of which more than 4096 lie above its floor
+        (8192, False, 64, 128),
+    ],
+)
+def test_decode_keys_above_the_floor_past_the_list(emu, width, register, max_blocks, min_chunk):
+    """Rows in one binade with a NaN a chunk: more than 4096 (LIST) keys above the floor, so the
+    workgroup selects from its registers (no emulation or GPU test reached that cut in the merge
+    kernels before, nor with a chunk handing on a superset)."""
+    x = logits_of(2, width, "one_binade", seed=width)
+    ends = [width, width - 5]
+    idx = out(2)
+    topk.top_k_per_row_decode_512(
+        x, 1, lens(ends), idx, max_blocks, min_chunk, register_select=register
+    )
+    ref.check_decode(x, 1, lens(ends), idx, f"wave{emu} past the list, {width} {register}")
+
+
+def test_candidates_and_compact_keys_above_the_floor_past_the_list(emu):
+    """The same rows (one binade, a NaN) as candidate blocks covering all 16384 columns and as
+    a compact row: the register cut of both kernels."""
+    x = logits_of(1, 16384, "one_binade", seed=3)
+    g = torch.Generator().manual_seed(4)
+    cands = torch.randperm(2048, generator=g).int().view(1, -1)
+    idx = out(1)
+    assert topk.candidate_top_k(x, 1, lens([16384]), cands, 8, idx, 512)
+    ref.check_candidates(x, 1, lens([16384]), cands, 8, idx, f"wave{emu} candidates past list")
+    ids = torch.randperm(10**6, generator=g)[:16384].int().view(1, -1)
+    idx = out(1)
+    assert topk.compact_top_k_512(x, ids, lens([10**6]), 1, idx)
+    ref.check_compact(x, ids, 1, lens([10**6]), idx, f"wave{emu} compact past the list")
+
+
 @pytest.mark.parametrize("kind", ["specials", "randn"])
 def test_decode_two_merges(emu, kind):
     """Rows of more than 8 chunks take two merge launches; in the same launch, a row of 8 chunks

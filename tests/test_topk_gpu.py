@@ -72,6 +72,9 @@ DECODE_CASES = [
     (33, 40000, None, "specials"),
     # Equal group maxima, fewer than 512 of them (a short row, a row's short last chunk).
     (4, 17888, [1500, 2048, 17884, 1100], "max_every_4"),
+    # More than 4096 (LIST) keys above the floor in every chunk and merge: the register cut.
+    (6, 131072, None, "one_binade"),
+    (2, 1 << 20, [1 << 20, 999_983], "one_binade"),
 ]
 
 
@@ -201,6 +204,24 @@ def test_equal_group_maxima_in_candidates_and_compact_rows():
     idx = out_buf(2)
     assert topk.compact_top_k_512(x, ids, seq, 1, idx)
     ref.check_compact(x, ids, 1, seq, idx, "compact equal group maxima")
+
+
+def test_candidates_and_compact_keys_above_the_floor_past_the_list():
+    """Rows in one binade with a NaN (more than 4096 keys above the floor): the register cut of
+    the candidate and compact kernels."""
+    logits = make_logits(2, 16384, "one_binade", seed=3)
+    g = torch.Generator().manual_seed(4)
+    cands = torch.stack([torch.randperm(2048, generator=g) for _ in range(2)]).int().to(DEV)
+    seq = lens_2d([16384, 16000])
+    idx = out_buf(2)
+    assert topk.candidate_top_k(logits, 1, seq, cands, 8, idx, 512)
+    ref.check_candidates(logits, 1, seq, cands, 8, idx, "candidates past the list")
+    ids = torch.stack([torch.randperm(10**6, generator=g)[:16384] for _ in range(2)]).int()
+    ids = ids.to(DEV)
+    seq = lens_2d([10**6, 10**6])
+    idx = out_buf(2)
+    assert topk.compact_top_k_512(logits, ids, seq, 1, idx)
+    ref.check_compact(logits, ids, 1, seq, idx, "compact past the list")
 
 
 @pytest.mark.parametrize("kind", ["randn", "ties", "specials"])
