@@ -104,7 +104,8 @@ def test_first_step_check_passes_the_real_kernels(rows, greedy, fp64, seed):
 
 @pytest.mark.parametrize(
     "rows,fp64",
-    [(1, False), (2, False), (5, False), (8, False), (64, False), (256, False), (1, True), (3, True)],
+    [(1, False), (2, False), (5, False), (8, False), (64, False), (256, False),
+     (1, True), (3, True)],
 )  # fmt: skip
 def test_first_step_probe_passes_the_real_kernels(rows, fp64):
     """From a batch of inert rows (vLLM's warm-up before a capture), the comparison makes the

@@ -11,8 +11,11 @@ at or before 512; candidate and compact rows with -1 and repeated ids, fewer tha
 entries or an end at or before 512, with 2-D and 1-D lengths; layer 20's selection with fewer
 than 2048 live blocks, one length a request, and rows of more than 16384 blocks
 (``dsv_select_blocks_wide``). Their values lie on a grid of 0.25 (ties at every cut), every 7th
-is -inf, a few +inf and NaN. H200: 8.7 ms of GPU time (torch's profiler), 27.4-29.0 ms a check
-in all (the first, with the code object's load and torch's first launches, 0.35 s).
+is -inf, a few +inf and NaN. Rows in one binade with a NaN take the cut over the registers
+(more keys above a workgroup's floor than its LDS list holds) in the chunks, both merges and the
+candidate and compact kernels, a path random rows seldom reach. H200, before those rows: 8.7 ms
+of GPU time (torch's profiler), 27.4-29.0 ms a check in all (the first, with the code object's
+load and torch's first launches, 0.35 s).
 """
 
 from __future__ import annotations
@@ -33,6 +36,15 @@ def _grid_rows(gen: torch.Generator, rows: int, width: int) -> torch.Tensor:
     x[:, ::7] = NEG
     x[:, 5::4099] = float("inf")
     x[:, 11::50021] = float("nan")
+    return x
+
+
+def _binade_rows(gen: torch.Generator, rows: int, width: int) -> torch.Tensor:
+    """Logits in [1, 2) and a NaN in every 16384 columns: the NaN tops a floor pass's range, so
+    its bins span a binade and nearly every key lies above the floor, more than the LDS list's
+    4096 (the workgroup's cut then runs over its registers)."""
+    x = torch.rand(rows, width, generator=gen, dtype=torch.float32, device=gen.device).add_(1)
+    x[:, 7::16384] = float("nan")
     return x
 
 
@@ -106,6 +118,16 @@ def _check_decode(gen, i32) -> str | None:
             return f"decode top-512 declined {rows} x {width}"
         if bad := _decode_bad(y, next_n, lens, idx):
             return f"decode top-512 ({rows} x {width}): {bad}"
+    # The cut over the registers: in chunks handing on supersets; in a first merge (64 chunks
+    # of 1000 keys, each handing on all of them) and a second (64 of 128 keys).
+    for width, register, blocks, chunk in [(3 * c, True, 8, c), (64000, False, 64, 1000),
+                                           (8192, False, 64, 128)]:  # fmt: skip
+        y = _binade_rows(gen, 2, width)
+        lens = torch.tensor([[width], [width - 5]], **i32)
+        idx = torch.full((2, K), -7, **i32)
+        topk.top_k_per_row_decode_512(y, 1, lens, idx, blocks, chunk, register_select=register)
+        if bad := _decode_bad(y, 1, lens, idx):
+            return f"decode top-512 (more than the list above a floor, {width} columns): {bad}"
     return None
 
 
@@ -119,34 +141,43 @@ def _check_candidates(gen, i32, z) -> str | None:
                          for _ in range(rows)]).int()  # fmt: skip
     cands[:, ::9] = -1
     cands[:, 100:150] = cands[:, 300:350]
-    for next_n, lens in [
-        (1, torch.tensor([[width], [3000], [400]], **i32)),
-        (3, torch.tensor([514], **i32)),  # causal ends 512 (0..511), 513, 514
-    ]:
-        idx = torch.full((rows, K), -7, **i32)
-        if not topk.candidate_top_k(z, next_n, lens, cands, BLOCK, idx, K):
+    calls = [
+        (z, cands, 1, torch.tensor([[width], [3000], [400]], **i32)),
+        (z, cands, 3, torch.tensor([514], **i32)),  # causal ends 512 (0..511), 513, 514
+        # Every block of a row in one binade (more than the list above the floor)
+        (_binade_rows(gen, 1, 16384), torch.randperm(2048, generator=gen, device=dev).int()[None],
+         1, torch.tensor([[16384]], **i32)),
+    ]  # fmt: skip
+    for x, cand, next_n, lens in calls:
+        idx = torch.full((x.shape[0], K), -7, **i32)
+        if not topk.candidate_top_k(x, next_n, lens, cand, BLOCK, idx, K):
             return f"candidate top-k declined ({lens.dim()}-D lengths)"
-        for r, end in enumerate(_ends(lens, rows, next_n, width)):
-            blocks = cands[r][cands[r] >= 0].unique().long()
+        for r, end in enumerate(_ends(lens, x.shape[0], next_n, x.shape[1])):
+            blocks = cand[r][cand[r] >= 0].unique().long()
             cols = (blocks[:, None] * BLOCK + torch.arange(BLOCK, device=dev)).flatten()
             cols = cols[cols < end].sort().values
-            if not _row_ok(idx[r], end, z[r, cols], cols):
+            if not _row_ok(idx[r], end, x[r, cols], cols):
                 return f"candidate top-k ({lens.dim()}-D lengths): row {r} (end {end})"
-    v = _grid_rows(gen, rows, 16384)
     ids = torch.randperm(1 << 20, generator=gen, device=dev)[: rows * 16384].view(rows, -1).int()
     ids[:, 3::11] = -1
     ids[1, 300:] = -1
-    for next_n, lens in [
-        (1, torch.tensor([[width], [width], [400]], **i32)),
-        (3, torch.tensor([514], **i32)),  # causal ends 512 (0..511), 513, 514
-    ]:
-        idx = torch.full((rows, K), -7, **i32)
-        if not topk.compact_top_k_512(v, ids, lens, next_n, idx):
+    v = _grid_rows(gen, rows, 16384)
+    calls = [
+        (v, ids, 1, torch.tensor([[width], [width], [400]], **i32)),
+        (v, ids, 3, torch.tensor([514], **i32)),  # causal ends 512 (0..511), 513, 514
+        # A row in one binade, every entry live (more than the list above the floor)
+        (_binade_rows(gen, 1, 16384),
+         torch.randperm(1 << 20, generator=gen, device=dev)[:16384].int()[None], 1,
+         torch.tensor([[width]], **i32)),
+    ]  # fmt: skip
+    for y, vid, next_n, lens in calls:
+        idx = torch.full((y.shape[0], K), -7, **i32)
+        if not topk.compact_top_k_512(y, vid, lens, next_n, idx):
             return f"compact top-k declined ({lens.dim()}-D lengths)"
-        for r, end in enumerate(_ends(lens, rows, next_n, 1 << 30)):
-            live = ids[r] >= 0
-            cols, order = ids[r][live].long().sort()
-            if not _row_ok(idx[r], end, v[r][live][order], cols):
+        for r, end in enumerate(_ends(lens, y.shape[0], next_n, 1 << 30)):
+            live = vid[r] >= 0
+            cols, order = vid[r][live].long().sort()
+            if not _row_ok(idx[r], end, y[r][live][order], cols):
                 return f"compact top-k ({lens.dim()}-D lengths): row {r} (end {end})"
     return None
 
