@@ -217,7 +217,12 @@ def build(arch: str, out_dir: Path, require: bool = False) -> dict[str, dict]:
             cmd.append(f"--rocm-device-lib-path={libs}")
         for src in sources:
             target = out_dir / f"{src.stem}.{arch}.co"
-            _run([*cmd, "-I", str(HIP_DIR), str(src), "-o", str(target)])
+            # clang names a HIP compilation unit by a hash of its paths and options unless told
+            # (``__hip_cuid_<hash>``, a symbol of the code object), and the device-library path
+            # above is a fresh temporary folder: a fixed name makes the code object the same
+            # bytes from build to build and from any checkout path.
+            cuid = [f"-cuid=dsv41_{src.stem}"] if arch.startswith("gfx") else []
+            _run([*cmd, *cuid, "-I", str(HIP_DIR), str(src), "-o", str(target)])
             kernels = _kernel_names(target, arch)
             built[target.name] = {"arch": arch, "source": src.name, "kernels": kernels}
             _log(f"{arch}: built {target} ({len(kernels)} kernels) with {Path(cmd[0]).name}")

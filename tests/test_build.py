@@ -197,3 +197,21 @@ def test_declared_vllm_range_is_the_plugins_own(version):
     req = Requirement(dep)
     assert req.name == "vllm"
     assert req.specifier.contains(version, prereleases=True) == vllm_supported(version)
+
+
+def test_code_objects_are_reproducible(tmp_path, monkeypatch, one_kernel):
+    """Two builds of the same source, from two checkout paths (one with a space), give the same
+    bytes: clang's compilation-unit id would otherwise hash the build's temporary
+    device-library folder and the source path into a symbol of the code object."""
+    if one_kernel.find_compiler("gfx942") is None and not REQUIRED:
+        pytest.skip("no gfx942 compiler here")
+    first = one_kernel.build("gfx942", tmp_path / "a", require=True)
+    other = tmp_path / "other checkout" / "hip"
+    other.mkdir(parents=True)
+    (other / "tiny.hip").write_text((one_kernel.HIP_DIR / "tiny.hip").read_text())
+    monkeypatch.setattr(one_kernel, "HIP_DIR", other)
+    second = one_kernel.build("gfx942", tmp_path / "b", require=True)
+    assert first == second and list(first) == ["tiny.gfx942.co"]
+    assert (tmp_path / "a" / "tiny.gfx942.co").read_bytes() == (
+        tmp_path / "b" / "tiny.gfx942.co"
+    ).read_bytes()
