@@ -6,6 +6,7 @@ in an sdist.
 """
 
 import importlib.util
+import shutil
 from pathlib import Path
 
 from setuptools import setup
@@ -26,8 +27,12 @@ class BuildPyWithHip(build_py):
     """build_py, then the gfx942 code object and build info into the built package."""
 
     def run(self):
-        super().run()
         package_dir = Path(self.build_lib) / "dsv41_gfx942_plugin"
+        # From an empty package folder: build_py only adds and updates files, so a module since
+        # deleted or renamed in src/ would otherwise stay in build/lib (which `pip wheel .` and
+        # tests/run.sh reuse) and ship in the wheel.
+        shutil.rmtree(package_dir, ignore_errors=True)
+        super().run()
         _hip_build().build_package(package_dir)
 
 

@@ -215,3 +215,39 @@ def test_code_objects_are_reproducible(tmp_path, monkeypatch, one_kernel):
     assert (tmp_path / "a" / "tiny.gfx942.co").read_bytes() == (
         tmp_path / "b" / "tiny.gfx942.co"
     ).read_bytes()
+
+
+def test_wheel_build_drops_modules_an_earlier_build_left(tmp_path, monkeypatch):
+    """setup.py's build_py starts from an empty package folder: a module that an earlier build
+    left in build/lib (deleted or renamed in src/ since) does not ship in the next wheel."""
+    import setuptools
+    from setuptools.dist import Distribution
+
+    captured: dict = {}
+    monkeypatch.setattr(setuptools, "setup", lambda **kw: captured.update(kw))
+    spec = importlib.util.spec_from_file_location("dsv41_setup_test", ROOT / "setup.py")
+    setup_py = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(setup_py)
+    built = []
+
+    class NoHip:  # the HIP step is tested above; here only what build_py leaves
+        @staticmethod
+        def build_package(package_dir):
+            built.append(package_dir)
+
+    monkeypatch.setattr(setup_py, "_hip_build", lambda: NoHip)
+    monkeypatch.chdir(ROOT)
+    stale = tmp_path / "dsv41_gfx942_plugin" / "ops" / "removed_module.py"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("LEFT_BY_AN_EARLIER_BUILD = True\n")
+    dist = Distribution(
+        {"name": "dsv41-gfx942-plugin", "script_name": "setup.py", "package_dir": {"": "src"},
+         "packages": ["dsv41_gfx942_plugin", "dsv41_gfx942_plugin.ops"]}
+    )  # fmt: skip
+    cmd = captured["cmdclass"]["build_py"](dist)
+    cmd.build_lib = str(tmp_path)
+    cmd.ensure_finalized()
+    cmd.run()
+    assert built == [tmp_path / "dsv41_gfx942_plugin"]
+    assert (tmp_path / "dsv41_gfx942_plugin" / "ops" / "topk.py").is_file()
+    assert not stale.exists()
