@@ -92,6 +92,10 @@ def test_build_package_ships_only_what_it_built(tmp_path, monkeypatch, one_kerne
     monkeypatch.setattr(one_kernel, "find_compiler", lambda arch: None)
     info = one_kernel.build_package(tmp_path / "pkg", require=False)
     assert info["code_objects"] == {} and list(kernels.glob("*.co")) == []
+    assert info["compilers"] == {"gfx942": None}
+    namespace: dict = {}  # the recorded info reads back (JSON's null was a NameError here)
+    exec((tmp_path / "pkg" / "_build_info.py").read_text(), namespace)
+    assert namespace["BUILD_INFO"] == info
 
 
 def test_build_package_records_what_it_built(tmp_path, one_kernel):
@@ -251,3 +255,23 @@ def test_wheel_build_drops_modules_an_earlier_build_left(tmp_path, monkeypatch):
     assert built == [tmp_path / "dsv41_gfx942_plugin"]
     assert (tmp_path / "dsv41_gfx942_plugin" / "ops" / "topk.py").is_file()
     assert not stale.exists()
+
+
+def test_status_lists_a_build_without_a_compiler(tmp_path, monkeypatch, one_kernel, capsys):
+    """A wheel built where no compiler was found: the status command reads its build info and
+    says so (the recorded None was written as JSON's null, and the section was an error)."""
+    from dsv41_gfx942_plugin import __main__ as status
+
+    monkeypatch.setattr(one_kernel, "find_compiler", lambda arch: None)
+    (tmp_path / "pkg").mkdir()
+    one_kernel.build_package(tmp_path / "pkg", require=False)
+    name = "dsv41_gfx942_plugin._build_info"
+    spec = importlib.util.spec_from_file_location(name, tmp_path / "pkg" / "_build_info.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setitem(sys.modules, name, module)
+    status._code_objects()
+    out = capsys.readouterr().out
+    assert "gfx942 compiler: none found at build time" in out
+    assert "no code object in this build: the HIP hooks stay off" in out
+    assert "error" not in out
