@@ -21,8 +21,10 @@ import math
 
 import torch
 
-from _timing import mean_us
-from dsv41_gfx942_plugin.ops import cand_logits
+from _timing import mean_us, require_gpu, use_checkout
+
+use_checkout()
+from dsv41_gfx942_plugin.ops import cand_logits  # noqa: E402
 
 
 def make_step(rows: int, context: int, heads: int, page_size: int, fp8: torch.dtype):
@@ -99,6 +101,7 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=200)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    require_gpu("bench_cand_logits.py")
     arch = torch.cuda.get_device_properties(0)
     name = getattr(arch, "gcnArchName", "") or torch.cuda.get_device_name(0)
     on_gfx942 = torch.version.hip is not None and name.startswith("gfx942")

@@ -24,14 +24,15 @@ import argparse
 import json
 import platform
 import statistics
-import sys
 import time
 import types
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from _timing import use_checkout
+
+use_checkout()
 
 import indexer_step as harness  # noqa: E402
 

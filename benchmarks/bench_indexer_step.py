@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from _timing import graphed, mean_us
+from _timing import graphed, mean_us, require_gpu, require_topk_kernels, use_checkout
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+use_checkout()
 
 import indexer_step as harness  # noqa: E402
 
@@ -35,11 +35,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    from dsv41_gfx942_plugin.ops import topk
-
-    if not topk.build():
-        print("no loadable top-k code object for this GPU")
-        return 1
+    require_gpu("bench_indexer_step.py")
+    require_topk_kernels("bench_indexer_step.py")
     results = []
     print(f"GPU: {torch.cuda.get_device_name()}")
     print(f"{'rows x context':>16} {'plugin us':>10} {'vLLM branch us':>15} {'speed-up':>9}")

@@ -32,17 +32,14 @@ import argparse
 import functools
 import importlib.util
 import json
-import os
-import sys
 import types
 
 import torch
 import torch.nn.functional as TF
 
-from _timing import graphed, mean_us
+from _timing import graphed, mean_us, require_gpu, use_checkout
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [os.path.join(HERE, "..", "src"), os.path.join(HERE, "..", "tests")]
+use_checkout()
 
 if importlib.util.find_spec("vllm._C") is None:
     # vLLM's Python files without its compiled parts (the H200): keep vLLM off its CUDA platform.
@@ -145,6 +142,7 @@ def main() -> None:
     ap.add_argument("--sweep", default="", help="row counts for which to time other configurations")
     ap.add_argument("--greedy", action="store_true", help="greedy drafts (argmax, no cache)")
     args = ap.parse_args()
+    require_gpu("bench_markov.py")
     name, loop = vllm_loop()
     results = []
     head = (

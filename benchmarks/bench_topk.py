@@ -30,9 +30,9 @@ from pathlib import Path
 
 import torch
 
-from _timing import graphed, mean_us
+from _timing import graphed, mean_us, require_gpu, require_topk_kernels, use_checkout
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+use_checkout()
 import _topk_floors as floors  # noqa: E402
 from dsv41_gfx942_plugin.ops import topk  # noqa: E402
 
@@ -188,9 +188,8 @@ def main() -> int:
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--structures", action="store_true", help="rows with structure instead")
     args = parser.parse_args()
-    if not topk.build():
-        print("top-k kernels unavailable on this GPU (see the warning)", file=sys.stderr)
-        return 1
+    require_gpu("bench_topk.py")
+    require_topk_kernels("bench_topk.py")
     torch.manual_seed(0)
     results = []
     print(f"{torch.cuda.get_device_name()} (torch {torch.__version__})")

@@ -1,0 +1,63 @@
+"""The GPU benchmarks where they cannot time anything: one line saying why, not a traceback
+from deep inside torch; and every benchmark runs this checkout's code."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU_BENCHMARKS = ["bench_topk", "bench_indexer_step", "bench_cand_logits", "bench_markov"]
+
+
+@pytest.fixture
+def timing(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location(
+        "_timing_test", ROOT / "benchmarks" / "_timing.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+@pytest.mark.parametrize("name", GPU_BENCHMARKS)
+def test_gpu_benchmark_without_a_gpu_says_so(name):
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{name}.py")], env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"{name}.py: needs a CUDA or ROCm GPU; torch {torch.__version__} sees none"
+    )
+
+
+def test_missing_code_object_names_the_build_command(timing, monkeypatch, tmp_path):
+    from dsv41_gfx942_plugin.ops import _launcher, topk
+
+    monkeypatch.setattr(topk, "build", lambda: False)
+    monkeypatch.setattr(_launcher, "code_object_arch", lambda device=None: "gfx942")
+    monkeypatch.setattr(_launcher, "KERNEL_DIR", tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        timing.require_topk_kernels("bench_topk.py")
+    assert str(exc.value) == (
+        f"bench_topk.py: no top-k code object for gfx942 ({tmp_path / 'topk512.gfx942.co'} is "
+        "missing); build this checkout's: python hip/build.py --arch gfx942"
+    )
+    (tmp_path / "topk512.gfx942.co").write_bytes(b"")  # there, but it did not load
+    with pytest.raises(SystemExit, match="do not load on this GPU"):
+        timing.require_topk_kernels("bench_topk.py")
+
+
+def test_benchmarks_run_this_checkout(timing, monkeypatch):
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    timing.use_checkout()
+    assert sys.path[:2] == [str(ROOT / "src"), str(ROOT / "tests")]
