@@ -165,18 +165,31 @@ def find_compiler(arch: str) -> list[str] | None:
     return None
 
 
-def _kernel_names(code_object: Path, arch: str) -> list[str]:
+def _find_readelf(compiler: str) -> str | None:
+    """llvm-readelf: beside the compiler (amdclang++, a plain clang), in the LLVM of the ROCm
+    that holds it (``hipcc`` is in ``<rocm>/bin``, LLVM in ``<rocm>/llvm/bin``, which a ROCm
+    image need not put on PATH), on PATH, in the other ROCm roots, or Debian's LLVM."""
+    here = Path(compiler).resolve().parent
+    for candidate in (
+        here / "llvm-readelf",
+        here.parent / "llvm" / "bin" / "llvm-readelf",
+        here.parent / "lib" / "llvm" / "bin" / "llvm-readelf",
+        shutil.which("llvm-readelf"),
+        *(root / rel for root in _rocm_roots() for rel in ("llvm/bin/llvm-readelf",
+                                                            "lib/llvm/bin/llvm-readelf")),
+        *(f"/usr/lib/llvm-{v}/bin/llvm-readelf" for v in range(25, MIN_CLANG - 1, -1)),
+    ):  # fmt: skip
+        if candidate and os.path.isfile(candidate):
+            return str(candidate)
+    return None
+
+
+def _kernel_names(code_object: Path, arch: str, compiler: str) -> list[str]:
     """Kernel symbols of a built code object (AMDGPU metadata notes, or the cubin's symbols)."""
     if arch.startswith("gfx"):
-        readelf = shutil.which("llvm-readelf") or next(
-            (
-                p
-                for v in range(25, MIN_CLANG - 1, -1)
-                if os.path.isfile(p := f"/usr/lib/llvm-{v}/bin/llvm-readelf")
-            ),
-            None,
-        )
+        readelf = _find_readelf(compiler)
         if readelf is None:
+            _log(f"{arch}: no llvm-readelf found, the build info lists no kernel names")
             return []
         notes = _run([readelf, "--notes", str(code_object)])
         return sorted(set(re.findall(r"\.symbol:\s+(\S+)\.kd", notes)))
@@ -223,7 +236,7 @@ def build(arch: str, out_dir: Path, require: bool = False) -> dict[str, dict]:
             # bytes from build to build and from any checkout path.
             cuid = [f"-cuid=dsv41_{src.stem}"] if arch.startswith("gfx") else []
             _run([*cmd, *cuid, "-I", str(HIP_DIR), str(src), "-o", str(target)])
-            kernels = _kernel_names(target, arch)
+            kernels = _kernel_names(target, arch, cmd[0])
             built[target.name] = {"arch": arch, "source": src.name, "kernels": kernels}
             _log(f"{arch}: built {target} ({len(kernels)} kernels) with {Path(cmd[0]).name}")
     return built

@@ -275,3 +275,26 @@ def test_status_lists_a_build_without_a_compiler(tmp_path, monkeypatch, one_kern
     assert "gfx942 compiler: none found at build time" in out
     assert "no code object in this build: the HIP hooks stay off" in out
     assert "error" not in out
+
+
+def test_readelf_of_a_rocm_install_is_found(tmp_path, monkeypatch, hip_build):
+    """The build lists the kernels of a code object with the llvm-readelf of the ROCm whose
+    compiler built it (``<rocm>/llvm/bin``, which a ROCm image need not put on PATH): without
+    it the release wheel's build info, and so the status command, listed no kernel."""
+    rocm = tmp_path / "rocm-7.0.0"
+    for tool in ("bin/hipcc", "llvm/bin/amdclang++", "llvm/bin/llvm-readelf"):
+        (rocm / tool).parent.mkdir(parents=True, exist_ok=True)
+        (rocm / tool).write_text("")
+    monkeypatch.setattr(hip_build, "_rocm_roots", lambda: [])
+    readelf = str(rocm / "llvm" / "bin" / "llvm-readelf")
+    assert hip_build._find_readelf(str(rocm / "bin" / "hipcc")) == readelf
+    assert hip_build._find_readelf(str(rocm / "llvm" / "bin" / "amdclang++")) == readelf
+
+
+def test_build_without_readelf_says_so(tmp_path, monkeypatch, one_kernel, capsys):
+    if one_kernel.find_compiler("gfx942") is None and not REQUIRED:
+        pytest.skip("no gfx942 compiler here")
+    monkeypatch.setattr(one_kernel, "_find_readelf", lambda compiler: None)
+    built = one_kernel.build("gfx942", tmp_path / "out", require=True)
+    assert built["tiny.gfx942.co"]["kernels"] == []
+    assert "no llvm-readelf found" in capsys.readouterr().err
