@@ -13,9 +13,9 @@ than 2048 live blocks, one length a request, and rows of more than 16384 blocks
 (``dsv_select_blocks_wide``). Their values lie on a grid of 0.25 (ties at every cut), every 7th
 is -inf, a few +inf and NaN. Rows in one binade with a NaN take the cut over the registers
 (more keys above a workgroup's floor than its LDS list holds) in the chunks, both merges and the
-candidate and compact kernels, a path random rows seldom reach. H200, before those rows: 8.7 ms
-of GPU time (torch's profiler), 27.4-29.0 ms a check in all (the first, with the code object's
-load and torch's first launches, 0.35 s).
+candidate and compact kernels, a path random rows seldom reach. H100: 11.3 ms of GPU time
+(torch's profiler), 31-35 ms a check in all (the first, with the code object's load and torch's
+first launches, 0.51 s); H200 before the binade rows: 8.7 ms, 27.4-29.0 ms, 0.35 s.
 """
 
 from __future__ import annotations
