@@ -10,7 +10,6 @@ own hooks with the arguments packed as for the GPU, on CPU tensors. Slow per wor
 from __future__ import annotations
 
 import ctypes
-import random
 import shutil
 import struct
 import subprocess
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import fuzz_topk
 import ref_topk as ref
 from dsv41_gfx942_plugin.ops import _launcher, _topk_check, topk
 
@@ -490,108 +490,13 @@ def test_counts_keep_tied_lanes_off_one_lds_address(emu, op, kind, bound):
     assert lds_conflicts(emu)[1] <= bound
 
 
-# --- seeded fuzz: random structures, sizes and row ends against the torch references ----------
-
-
-def _fuzz_row(n: int, rng: random.Random, g: torch.Generator) -> torch.Tensor:
-    """One row of ``n`` logits of a random adversarial structure."""
-    x = torch.randn(n, generator=g)
-    kind = rng.choice(["randn", "ties", "grid", "max_every", "masked", "zeros", "inf", "nan",
-                       "monotone", "tiny"])  # fmt: skip
-    if kind == "ties":
-        x = torch.randint(0, rng.choice([2, 3, 50]), (n,), generator=g).float()
-    elif kind == "grid":
-        x = (x * 4).round() / 4
-    elif kind == "max_every":  # one value atop every group of m: equal group maxima
-        x = torch.rand(n, generator=g) * 0.5
-        x[:: rng.choice([2, 3, 4, 8, 16])] = 1.0
-    elif kind == "masked":
-        keep = torch.rand(-(-n // 8), generator=g) < rng.choice([0.01, 0.125, 0.5])
-        x[~keep.repeat_interleave(8)[:n]] = float("-inf")
-    elif kind == "zeros":
-        x[torch.rand(n, generator=g) < 0.95] = rng.choice([0.0, -0.0])
-    elif kind == "inf":
-        x[torch.rand(n, generator=g) < rng.choice([0.01, 0.2, 0.9])] = rng.choice(
-            [float("inf"), float("-inf")]
-        )
-    elif kind == "nan":
-        u = torch.rand(n, generator=g)
-        x[u < rng.choice([0.001, 0.05, 0.3])] = float("nan")
-        x[u > 0.9] = float("-inf")
-    elif kind == "monotone":
-        x = torch.linspace(0, 1, n) if rng.random() < 0.5 else torch.linspace(1, 0, n)
-    elif kind == "tiny":  # denormals and zeros
-        x = torch.randint(0, 3, (n,), generator=g).float() * 1e-40
-    return x
-
-
-def _fuzz_decode(rng, g):
-    # Widths and ends about the kernels' branch points: a chunk's valid group maxima (of 4
-    # keys) below k, 2k, 4k (1,024-4,096 live keys); several chunks with a short last one.
-    near = rng.randint(1000, 4200)
-    width = rng.choice([rng.randint(4, 3000), near, rng.randint(3000, 40000), 16384 + near])
-    rows = rng.randint(1, 3)
-    x = torch.stack([_fuzz_row(width, rng, g) for _ in range(rows)])
-    ends = [rng.choice([width, rng.randint(0, width), near]) for _ in range(rows)]
-    idx = out(rows)
-    if rng.random() < 0.7:
-        assert topk.decode_top_k(x, 1, lens(ends), idx, 512)
-    else:
-        blocks, chunk = rng.randint(1, 16), rng.choice([1, 100, 1000, 16384])
-        topk.top_k_per_row_decode_512(x, 1, lens(ends), idx, blocks, chunk, register_select=False)
-    ref.check_decode(x, 1, lens(ends), idx, f"decode {width} {ends}")
-
-
-def _fuzz_candidates(rng, g):
-    bs = rng.choice([8, 8, 4, 1, 3])
-    ncand = rng.choice([rng.randint(1, min(2048, 16384 // bs)), rng.randint(100, 600)])
-    width = rng.choice([ncand * bs + rng.randint(0, 5000), 131072])
-    x = _fuzz_row(width, rng, g).view(1, -1)
-    cands = torch.randint(0, -(-width // bs), (1, ncand), generator=g, dtype=torch.int32)
-    cands[torch.rand(cands.shape, generator=g) < rng.choice([0, 0.1, 0.6])] = -1
-    end = rng.choice([width, rng.randint(0, width)])
-    idx = out(1)
-    assert topk.candidate_top_k(x, 1, lens([end]), cands, bs, idx, 512)
-    ref.check_candidates(x, 1, lens([end]), cands, bs, idx, f"candidates {bs} {ncand} {end}")
-
-
-def _fuzz_compact(rng, g):
-    n = rng.choice([rng.randint(1, 2048), rng.randint(1, 16384)])
-    x = _fuzz_row(n, rng, g).view(1, -1)
-    ids = torch.randperm(1 << 20, generator=g)[:n].int().view(1, -1)
-    ids[torch.rand(ids.shape, generator=g) < rng.choice([0, 0.1, 0.5, 0.9])] = -1
-    if rng.random() < 0.3:  # fewer than 512 live lanes of each 512
-        ids[0, torch.arange(n) % 512 >= rng.randint(1, 511)] = -1
-    seq = lens([rng.choice([10**6, rng.randint(0, 600)])])
-    idx = out(1)
-    assert topk.compact_top_k_512(x, ids, seq, 1, idx)
-    ref.check_compact(x, ids, 1, seq, idx, f"compact {n}")
-
-
-def _fuzz_select(rng, g):
-    bs = rng.choice([8, 8, 4, 1, 16, 3])
-    width = max(1, rng.randint(1, 3000) * bs - rng.randint(0, bs - 1))
-    x = _fuzz_row(width, rng, g).view(1, -1)
-    k = rng.choice([2048, 512, rng.randint(1, 4096)])
-    seq = torch.tensor([rng.choice([width, rng.randint(-5, width + 50)])], dtype=torch.int32)
-    cands = torch.full((1, k), 777, dtype=torch.int32)
-    assert topk.select_candidates(x, 1, seq, bs, cands)
-    ref.check_select(x, 1, seq, bs, cands, f"select {bs} {width} {k}")
-
-
 FUZZ_CASES = 250  # a wave width; about 25 s each on a CI core
 
 
 def test_fuzz(emu):
-    """Random rows of every hook against the references, seeded (the failing case's seed is in
-    the message). A review helper's fuzz found rows whose every group of keys had the same
-    maximum with fewer than 512 copies (7 failures in 4,691 cases; test_decode's max_every_4
-    rows since); on the kernels before that fix this one fails at wave 64 (case 120)."""
-    rng = random.Random(emu)
-    for case in range(FUZZ_CASES):
-        seed = rng.randrange(1 << 30)
-        fuzz = rng.choice([_fuzz_decode, _fuzz_candidates, _fuzz_compact, _fuzz_select])
-        try:
-            fuzz(random.Random(seed), torch.Generator().manual_seed(seed))
-        except AssertionError as err:
-            raise AssertionError(f"wave{emu} case {case}, {fuzz.__name__} seed {seed}") from err
+    """Random rows of every hook against the references (``fuzz_topk``), seeded (the failing
+    case's seed is in the message). A review helper's fuzz found rows whose every group of keys
+    had the same maximum with fewer than 512 copies (7 failures in 4,691 cases; test_decode's
+    max_every_4 rows since); on the kernels before that fix this one fails at wave 64 (case
+    120)."""
+    fuzz_topk.run(FUZZ_CASES, emu, "cpu", f"wave{emu}")
