@@ -67,8 +67,8 @@ def _log(msg: str) -> None:
     print(f"[dsv41-gfx942 build] {msg}", file=sys.stderr)
 
 
-def _run(cmd: list[str]) -> str:
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+def _run(cmd: list[str], stdin: str | None = None) -> str:
+    proc = subprocess.run(cmd, input=stdin, capture_output=True, text=True)
     if proc.returncode != 0:
         raise BuildError(f"{' '.join(cmd)} failed:\n{proc.stdout}{proc.stderr}")
     return proc.stdout
@@ -133,7 +133,7 @@ def _device_lib_dir(clang: str, arch: str, scratch: Path) -> Path | None:
     text = _run([str(dis), str(donor), "-o", "-"])
     version = f"{arch[3]}{arch[4]}0{arch[5]}"  # gfx942 -> 9402, as ROCm's own file says
     text = text.replace("i32 9400", f"i32 {version}")
-    subprocess.run([str(asm), "-o", str(shim / isa)], input=text, text=True, check=True)
+    _run([str(asm), "-o", str(shim / isa)], stdin=text)
     return shim
 
 

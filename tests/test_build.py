@@ -298,3 +298,20 @@ def test_build_without_readelf_says_so(tmp_path, monkeypatch, one_kernel, capsys
     built = one_kernel.build("gfx942", tmp_path / "out", require=True)
     assert built["tiny.gfx942.co"]["kernels"] == []
     assert "no llvm-readelf found" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(
+    not Path("/usr/lib/x86_64-linux-gnu/amdgcn/bitcode/oclc_isa_version_940.bc").is_file(),
+    reason="Debian's ROCm device libraries (the shim's donor) are not installed",
+)
+def test_device_library_shim_failure_is_a_build_error(hip_build, tmp_path):
+    """Debian ships no gfx942 ISA file, so the build makes one from gfx940's with the compiler's
+    llvm-dis and llvm-as: an llvm-as that fails is a BuildError naming it, not a traceback."""
+    tools = tmp_path / "llvm" / "bin"
+    tools.mkdir(parents=True)
+    (tools / "clang++").touch()
+    for name, body in (("llvm-dis", "echo 'i32 9400'"), ("llvm-as", "echo broken >&2; exit 3")):
+        (tools / name).write_text(f"#!/bin/sh\n{body}\n")
+        (tools / name).chmod(0o755)
+    with pytest.raises(hip_build.BuildError, match="llvm-as"):
+        hip_build._device_lib_dir(str(tools / "clang++"), "gfx942", tmp_path / "scratch")

@@ -161,6 +161,12 @@ def test_topk_switch_keeps_the_indexer_unpatched(clean_plugin, fake_platform, mo
     assert patches.check_all()[INDEXER] == "turned off by DSV41_GFX942_TOPK=0"
 
 
+def test_status_names_a_switch_as_set(monkeypatch):
+    """A family switch that is not a boolean reads as off; the reason quotes the value set."""
+    monkeypatch.setenv("DSV41_GFX942_TOPK", "bogus")
+    assert patches.check_all()[INDEXER] == "turned off by DSV41_GFX942_TOPK=bogus"
+
+
 def test_status_names_the_global_switch(monkeypatch):
     """With DSV41_GFX942_DISABLE every patch is off by it, not by the unset family switches."""
     monkeypatch.setenv("DSV41_GFX942_DISABLE", "1")

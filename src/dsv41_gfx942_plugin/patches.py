@@ -43,6 +43,8 @@ nothing runs twice; the log says which path serves. The plugin never imports tha
 
 from __future__ import annotations
 
+import os
+
 from . import envs, patching
 from .patching import Expect, Patch
 
@@ -160,7 +162,9 @@ def wanted(families: tuple[str, ...]) -> str | None:
         return None
     if envs.disabled():
         return "turned off by DSV41_GFX942_DISABLE"
-    return "turned off by " + " and ".join(f"{envs.FAMILIES[f]}=0" for f in families)
+    # The value as set (a value that is not a boolean reads as off: envs.get_bool).
+    names = (envs.FAMILIES[f] for f in families)
+    return "turned off by " + " and ".join(f"{n}={os.environ.get(n, '').strip()}" for n in names)
 
 
 def apply_all() -> dict[str, str]:
