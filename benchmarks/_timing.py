@@ -20,6 +20,11 @@ def use_checkout() -> None:
     sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
 
 
+def summary(doc: str) -> str:
+    """A benchmark's docstring's first paragraph on one line: its ``--help`` description."""
+    return " ".join(doc.split("\n\n")[0].split())
+
+
 def require_gpu(script: str) -> None:
     """Exit with one line where torch sees no GPU."""
     if not torch.cuda.is_available():

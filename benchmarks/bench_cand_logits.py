@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from _timing import mean_us, require_gpu, use_checkout
+from _timing import mean_us, require_gpu, summary, use_checkout
 
 use_checkout()
 from dsv41_gfx942_plugin.ops import cand_logits  # noqa: E402
@@ -93,7 +93,7 @@ def gfx942_ratio(rows, context, heads, page_size, iters):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=summary(__doc__))
     parser.add_argument("--rows", type=int, default=6)
     parser.add_argument("--heads", type=int, default=64)
     parser.add_argument("--page-size", type=int, default=64)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from _timing import use_checkout
+from _timing import summary, use_checkout
 
 use_checkout()
 
@@ -93,7 +93,7 @@ def _setup(requests: int, next_n: int, width: int):
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=summary(__doc__))
     parser.add_argument("--iters", type=int, default=200, help="steps a round")
     parser.add_argument("--rounds", type=int, default=11)
     parser.add_argument("--json", type=Path)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from _timing import graphed, mean_us, require_gpu, require_topk_kernels, use_checkout
+from _timing import graphed, mean_us, require_gpu, require_topk_kernels, summary, use_checkout
 
 use_checkout()
 
@@ -32,7 +32,7 @@ def graphed_us(fn) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=summary(__doc__))
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     require_gpu("bench_indexer_step.py")

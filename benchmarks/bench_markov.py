@@ -37,7 +37,7 @@ import types
 import torch
 import torch.nn.functional as TF
 
-from _timing import graphed, mean_us, require_gpu, use_checkout
+from _timing import graphed, mean_us, require_gpu, summary, use_checkout
 
 use_checkout()
 
@@ -132,7 +132,7 @@ def floor_us(rows: int, vocab: int, rank: int, n_spec: int, greedy: bool = False
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=summary(__doc__))
     ap.add_argument("--rows", default="1,8,32,64,128,256")
     ap.add_argument("--vocab", type=int, default=129280)
     ap.add_argument("--rank", type=int, default=256)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from _timing import graphed, mean_us, require_gpu, require_topk_kernels, use_checkout
+from _timing import graphed, mean_us, require_gpu, require_topk_kernels, summary, use_checkout
 
 use_checkout()
 import _topk_floors as floors  # noqa: E402
@@ -183,7 +183,7 @@ def candidate_cases():
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=summary(__doc__))
     parser.add_argument("--json", type=Path)
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--structures", action="store_true", help="rows with structure instead")
