@@ -63,8 +63,10 @@ def _row_top_k(values: torch.Tensor, cols: torch.Tensor, end: int, out_row: torc
 
 
 def top_k_per_row_decode(logits, next_n, seq_lens, indices, rows, stride0, stride1, k):
-    """``torch.ops._C.top_k_per_row_decode``'s contract (k = 512)."""
+    """``torch.ops._C.top_k_per_row_decode``'s contract (k = 512): the C++ kernel reads
+    ``logits`` through the row count and strides it is given, so they must be its own."""
     assert k == K
+    assert (rows, stride0, stride1) == (logits.shape[0], *logits.stride())
     for r, end in enumerate(topk_ends(seq_lens, rows, next_n)):
         if end <= K:
             indices[r].fill_(-1)
@@ -75,7 +77,8 @@ def top_k_per_row_decode(logits, next_n, seq_lens, indices, rows, stride0, strid
 
 def decode_top_k(logits, next_n, seq_lens, indices, topk_tokens) -> bool:
     """The plugin hook's contract: the same as vLLM's top-k."""
-    top_k_per_row_decode(logits, next_n, seq_lens, indices, logits.shape[0], 0, 0, topk_tokens)
+    top_k_per_row_decode(logits, next_n, seq_lens, indices, logits.shape[0], *logits.stride(),
+                         topk_tokens)  # fmt: skip
     return True
 
 

@@ -29,6 +29,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 HEADS, DIM, WIDTH, CB = 4, 16, 8192, 8
+TOTAL = 5 * WIDTH  # the layers' max_total_seq_len (vLLM's prefill bound): not their width
 PREFIX = "model.layers.{}.attn.indexer.k_cache"
 
 
@@ -95,7 +96,7 @@ def make_layer(env, kind: str, rows: int):
     if kind != "plain":
         g = torch.Generator().manual_seed(3)
         cands = torch.randint(-1, WIDTH // CB, (rows + 4, 2048), generator=g, dtype=torch.int32)
-    return cls(kv, 128, "ue8m0", 512, DIM, WIDTH, WIDTH, buf, skip_k_cache_insert=True,
+    return cls(kv, 128, "ue8m0", 512, DIM, WIDTH, TOTAL, buf, skip_k_cache_insert=True,
                compress_ratio=1, candidate_blocks=cands, candidate_block_size=CB,
                candidate_write=kind == "writer")  # fmt: skip
 
@@ -196,6 +197,9 @@ def test_taking_hooks_match_vllm_decode_branch(vllm_env, monkeypatch, kind, case
     rows = meta.num_decode_tokens
     assert_same_rows(got[:rows], want[:rows])
     assert torch.equal(got[rows:], want[rows:])  # untouched beyond the step
+    if kind != "plain":  # so are the candidate rows past the step's (vLLM hands over its rows)
+        assert torch.equal(plugin_layer.candidate_blocks[rows:],
+                           oracle_layer.candidate_blocks[rows:])  # fmt: skip
     if kind == "writer":
         for r in range(rows if not meta.decode.requires_padding else 0):
             assert set(plugin_layer.candidate_blocks[r].tolist()) == set(
@@ -311,13 +315,18 @@ def test_native_top_k_where_vllm_keeps_it(vllm_env, monkeypatch, supported, nati
     assert counters.stats()["decode_top_k"]["taken"] == 1
 
 
-def test_candidate_logits_declined_where_vllm_takes_its_torch_logits(vllm_env, monkeypatch):
+@pytest.mark.parametrize("compared", [True, False])
+def test_candidate_logits_declined_where_vllm_takes_its_torch_logits(vllm_env, monkeypatch,
+                                                                     compared):  # fmt: skip
     """Without AITER's paged-MQA logits module vLLM computes the dense logits with its torch
     reference, which the candidate logits do not mirror: the hook is told so and declines, and
-    the reader takes vLLM's logits and the candidate top-k."""
+    the reader takes vLLM's logits and the candidate top-k. A variant not compared yet is told
+    so at its probe too, which then judges nothing (vLLM's path keeps that variant)."""
     from vllm.v1.attention.ops import rocm_aiter_mla_sparse as rocm
 
     monkeypatch.setattr(rocm, "paged_mqa_logits_module", lambda: None)
+    if not compared:
+        monkeypatch.setattr(indexer, "_cand_verdict", {})
     plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "reader", "mtp_2d")
     install_hooks(monkeypatch, vllm_env, take=True)
     told = []
@@ -331,6 +340,7 @@ def test_candidate_logits_declined_where_vllm_takes_its_torch_logits(vllm_env, m
     assert vllm_env.calls == ["hook:candidate_logits_top_k", "vllm:logits", "hook:candidate_top_k"]
     assert_same_rows(plugin_layer.topk_indices_buffer[: meta.num_decode_tokens],
                      oracle_layer.topk_indices_buffer[: meta.num_decode_tokens])  # fmt: skip
+    assert indexer._cand_verdict == {"compared": compared}
 
 
 # The calls of a probe (cand_probe.probe_step): the stand-in kernel hands the check its compact
@@ -379,6 +389,7 @@ def test_first_candidate_logits_are_compared_with_vllms_dense_logits(
     assert indexer._cand_verdict == {"compared": True}
     [step] = probed
     assert step.seq_lens.dim() == meta.decode.seq_lens.dim() and step.q.shape[1] == 2
+    assert int(step.seq_lens.max()) == WIDTH  # the dense logits' width, not max_total_seq_len
     if ratio == 2:  # a request's first row ends past its last row's dense logits
         assert (step.seq_lens[:, 0] == step.seq_lens[:, 1]).any()
     infos = [r.getMessage() for r in plugin_log.records if "equal vLLM's dense" in r.getMessage()]
@@ -455,6 +466,46 @@ def test_candidate_logits_of_too_few_columns_are_not_judged(vllm_env, monkeypatc
     probe_then_vllms_path(vllm_env, plugin_layer, oracle_layer, meta, q, n)
     assert indexer._cand_verdict == {"compared": False} and indexer._off == {}
     assert any("not compared" in r.getMessage() for r in plugin_log.records)
+
+
+def test_candidate_logits_of_exactly_min_compared_columns_serve(vllm_env, monkeypatch,
+                                                                 plugin_log):  # fmt: skip
+    """MIN_COMPARED columns to judge, all equal, are enough: the hook serves that variant (the
+    probe is seeded, so a probe judged short says how many columns its step holds)."""
+    monkeypatch.setattr(indexer, "_cand_verdict", {})
+    monkeypatch.setattr(indexer, "MIN_COMPARED", 10**9)
+    plugin_layer, _, meta, q, n = pair(vllm_env, "reader", "mtp_2d")
+    install_hooks(monkeypatch, vllm_env, take=True)
+    run(vllm_env, plugin_layer, meta, q, n)
+    [short] = [r.args[0] for r in plugin_log.records if "not compared" in r.getMessage()]
+    assert indexer._cand_verdict == {"compared": False} and short > 1000
+    monkeypatch.setattr(indexer, "_cand_verdict", {})
+    monkeypatch.setattr(indexer, "MIN_COMPARED", short)
+    vllm_env.calls.clear()
+    run(vllm_env, plugin_layer, meta, q, n)
+    assert vllm_env.calls == [*PROBE, "hook:candidate_logits_top_k"]
+    assert indexer._cand_verdict == {"compared": True}
+
+
+def test_candidate_logits_probe_the_hook_declines_judges_nothing(vllm_env, monkeypatch):
+    """A probe that the hook declines before its check sees any row (its gate refuses the
+    synthetic step, or no code object loaded) compared nothing: that variant keeps vLLM's
+    path, and is not probed again."""
+    monkeypatch.setattr(indexer, "_cand_verdict", {})
+    plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "reader", "mtp_2d")
+    install_hooks(monkeypatch, vllm_env, take=True)
+    hook = ref.CandidateLogitsTopK(vllm_env.logits)  # takes only calls without a check
+    monkeypatch.setattr(topk, "candidate_logits_top_k", vllm_env.spy(
+        "hook:candidate_logits_top_k", lambda *a: len(a) == 11 and hook(*a)))  # fmt: skip
+    run(vllm_env, oracle_layer, meta, q, n, plugin=False)
+    rest = ["vllm:logits", "hook:candidate_top_k"]
+    for expected in (["hook:candidate_logits_top_k", *rest], rest):
+        vllm_env.calls.clear()
+        run(vllm_env, plugin_layer, meta, q, n)
+        assert vllm_env.calls == expected
+        assert_same_rows(plugin_layer.topk_indices_buffer[: meta.num_decode_tokens],
+                         oracle_layer.topk_indices_buffer[: meta.num_decode_tokens])  # fmt: skip
+    assert indexer._cand_verdict == {"compared": False} and indexer._off == {}
 
 
 def test_candidate_logits_probe_without_memory_is_not_retried(vllm_env, monkeypatch, plugin_log):
@@ -563,8 +614,13 @@ def test_fill_kept_for_a_buffer_wider_than_topk(vllm_env, monkeypatch):
     layer = make_layer(vllm_env, "plain", n_dec)
     layer.topk_indices_buffer = torch.full((n_dec + 4, 520), 7777, dtype=torch.int32)
     install_hooks(monkeypatch, vllm_env, take=True)
+    handed = []  # the top-k writes vLLM's topk_indices_buffer[:rows, :topk_tokens]
+    take = topk.decode_top_k
+    monkeypatch.setattr(topk, "decode_top_k", lambda *a: handed.append(a[3]) or take(*a))
     run(vllm_env, layer, metadata(seq, decode_lens, padded, n_dec), q, n_dec)
     assert (layer.topk_indices_buffer[:n_dec, 512:] == -1).all()
+    [out] = handed
+    assert out.shape == (n_dec, 512) and out.data_ptr() == layer.topk_indices_buffer.data_ptr()
 
 
 def test_padded_rows_are_never_fill_skipped(vllm_env, monkeypatch):
@@ -574,22 +630,34 @@ def test_padded_rows_are_never_fill_skipped(vllm_env, monkeypatch):
 
 
 @pytest.mark.parametrize("why", ["prefill", "profile", "own_k"])
-def test_other_steps_run_vllms_op(vllm_env, monkeypatch, why):
+@pytest.mark.parametrize("kind", ["plain", "writer"])
+def test_other_steps_run_vllms_op(vllm_env, monkeypatch, why, kind):
+    """Such a step is vLLM's op, called with the arguments vLLM's own ``forward_hip`` passes
+    (the layer's, each of its own value here: its K-cache switch, candidate role, width and
+    total length), so vLLM's op does what it would unpatched."""
     seq, decode_lens, padded, n_dec, q = make_step("mtp_2d")
-    layer = make_layer(vllm_env, "plain", n_dec)
+    layer = make_layer(vllm_env, kind, n_dec)
     install_hooks(monkeypatch, vllm_env, take=True)
     ops = []
     from vllm.v1.attention.ops import rocm_aiter_mla_sparse as rocm
 
     monkeypatch.setattr(rocm, "rocm_aiter_sparse_attn_indexer",
-                        lambda *a, **k: ops.append(a[1]) or layer.topk_indices_buffer)  # fmt: skip
+                        lambda *a, **k: ops.append((a, k)) or "vllm's")  # fmt: skip
     meta = metadata(seq, decode_lens, padded, n_dec, prefills=1 if why == "prefill" else 0)
     if why == "own_k":
         layer.skip_k_cache_insert = False
     if why == "profile":
         meta = None
-    run(vllm_env, layer, meta, q, n_dec)
-    assert ops == [layer.k_cache.prefix]
+    assert run(vllm_env, layer, meta, q, n_dec) == "vllm's"
+    [(args, kwargs)] = ops
+    hidden, prefix, kv_cache, q_fp8, k, weights, *rest = args
+    assert hidden.shape == (n_dec, 1) and torch.equal(q_fp8, q) and weights.shape == (n_dec, HEADS)
+    assert prefix == layer.k_cache.prefix and kv_cache is layer.k_cache.kv_cache and k is None
+    assert rest[:-1] == [128, "ue8m0", 512, DIM, WIDTH, TOTAL]
+    assert rest[-1] is layer.topk_indices_buffer
+    assert kwargs == dict(skip_k_cache_insert=why != "own_k", compress_ratio=1,
+                          candidate_blocks=layer.candidate_blocks, candidate_block_size=CB,
+                          candidate_write=kind == "writer")  # fmt: skip
     assert not any(c.startswith("hook:") for c in vllm_env.calls)
     reasons = counters.stats()["indexer_decode"]["reasons"]
     want = {"prefill": "prefill or mixed step",
@@ -637,18 +705,28 @@ def test_profile_run_reserves_the_top_k_scratch(vllm_env, monkeypatch, plugin_lo
     assert len(warned) == len(cleared) / 2 == (1 if outcome == "out of memory" else 0)
 
 
-def test_aiter_off_keeps_vllms_dispatch(vllm_env, monkeypatch):
-    """With AITER off the layer runs vLLM's own forward_hip (which on gfx942 refuses to run), not
-    vLLM's Python op behind it: the plugin serves no configuration vLLM would not."""
+@pytest.mark.parametrize("why", ["aiter off", "mxfp4 cache", "q not one tensor"])
+def test_aiter_off_keeps_vllms_dispatch(vllm_env, monkeypatch, why):
+    """With AITER off, an MXFP4 cache, or q handed as (values, scales) (the FP4 indexer's), the
+    layer runs vLLM's own forward_hip (which on gfx942 refuses to run all three), not vLLM's
+    Python op behind it: the plugin serves no configuration vLLM would not."""
     seq, decode_lens, padded, n_dec, q = make_step("mtp_2d")
     layer = make_layer(vllm_env, "plain", n_dec)
     install_hooks(monkeypatch, vllm_env, take=True)
     parent = type(layer).__mro__[1]
     seen = []
-    monkeypatch.setattr(parent, "forward_hip", lambda self, *a: seen.append(self) or "vllm's")
-    monkeypatch.setattr(indexer, "_aiter_enabled", lambda: False)
-    assert run(vllm_env, layer, metadata(seq, decode_lens, padded, n_dec), q, n_dec) == "vllm's"
-    assert seen == [layer] and "indexer_decode" not in counters.stats()
+    monkeypatch.setattr(parent, "forward_hip", lambda self, *a: seen.append(a[1]) or "vllm's")
+    if why == "aiter off":
+        monkeypatch.setattr(indexer, "_aiter_enabled", lambda: False)
+    layer.use_fp4_cache = why == "mxfp4 cache"
+    hidden, weights = torch.zeros(n_dec, 1), torch.ones(n_dec, HEADS)
+    q_quant = (q, torch.ones(n_dec, HEADS)) if why == "q not one tensor" else q
+    from vllm.forward_context import set_forward_context
+
+    meta = metadata(seq, decode_lens, padded, n_dec)
+    with set_forward_context({layer.k_cache.prefix: meta}, vllm_env.config):
+        assert layer.forward_hip(hidden, q_quant, None, weights) == "vllm's"
+    assert seen == [q_quant] and "indexer_decode" not in counters.stats()
     assert not any(c.startswith("hook:") for c in vllm_env.calls)
 
 
@@ -673,16 +751,26 @@ def test_full_graph_choices_do_not_depend_on_lengths(vllm_env, monkeypatch):
 @pytest.mark.parametrize("kind", ["writer", "reader"])
 def test_switched_off_family_keeps_vllms_ops(vllm_env, monkeypatch, kind):
     """DSV41_GFX942_TOPK=0: vLLM's ops everywhere, the candidate logits too on readers (their
-    top-512 is the HIP compact top-k), and vLLM's sets."""
+    top-512 is the HIP compact top-k), and vLLM's sets; nothing asks for the kernels (the
+    skip of vLLM's -1 fill would load them, at a step that may be inside graph capture), and
+    vLLM's fill runs before its ops."""
     monkeypatch.setenv("DSV41_GFX942_TOPK", "0")
     plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, kind, "mtp_2d")
     install_hooks(monkeypatch, vllm_env, take=True)
     run(vllm_env, oracle_layer, meta, q, n, plugin=False)
     vllm_env.calls.clear()
+    from vllm.v1.attention.ops import rocm_aiter_mla_sparse as rocm
+
+    builds, filled = [], []
+    monkeypatch.setattr(topk, "build", lambda: builds.append(1) or True)
+    dense = rocm.rocm_fp8_paged_mqa_logits
+    monkeypatch.setattr(rocm, "rocm_fp8_paged_mqa_logits", lambda *a, **k: filled.append(
+        bool((plugin_layer.topk_indices_buffer[:n] == -1).all())) or dense(*a, **k))  # fmt: skip
     run(vllm_env, plugin_layer, meta, q, n)
     middle = "vllm:select" if kind == "writer" else "vllm:mask"
     assert vllm_env.calls == ["vllm:logits", middle, "vllm:topk"]
     assert torch.equal(plugin_layer.topk_indices_buffer, oracle_layer.topk_indices_buffer)
+    assert builds == [] and filled == [True]
 
 
 def test_monokernel_indexer_bypasses_the_patch(clean_plugin, fake_platform):
@@ -830,7 +918,8 @@ def test_dense_logits_kernel_as_vllm_chooses_it(monkeypatch, page_size, ratio, m
 
 def test_dense_logits_called_as_vllm_calls_them(vllm_env, monkeypatch):
     """The plugin's decode path calls vLLM's dense logits with vLLM's own arguments (the
-    stand-in ignores most of them, so only a record of them tells)."""
+    stand-in ignores most of them, so only a record of them tells), on a step with CUDA-graph
+    padding rows (3 tokens past the 8 decode rows), whose weights vLLM does not hand over."""
     from vllm.v1.attention.ops import rocm_aiter_mla_sparse as rocm
 
     asked = []
@@ -840,7 +929,7 @@ def test_dense_logits_called_as_vllm_calls_them(vllm_env, monkeypatch):
         return vllm_env.logits(*args, **kwargs)
 
     monkeypatch.setattr(rocm, "rocm_fp8_paged_mqa_logits", record)
-    plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "plain", "mtp_2d")
+    plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "plain", "mtp_2d", num_tokens=11)
     for layer in (plugin_layer, oracle_layer):
         layer.compress_ratio = 2
     install_hooks(monkeypatch, vllm_env, take=True)
@@ -874,13 +963,16 @@ def test_cand_logits_switch_off_keeps_vllms_logits(vllm_env, monkeypatch):
 @pytest.mark.parametrize("on", [True, False])
 def test_code_object_loaded_when_a_layer_is_built(vllm_env, monkeypatch, on):
     """Model load, not the first decode step (which may be inside graph capture), loads the
-    top-k kernels; with DSV41_GFX942_TOPK=0 nothing loads them."""
+    top-k kernels; with DSV41_GFX942_TOPK=0 nothing loads them. Either way the layer is
+    counted (``layers_built``: the speculator's log then names the plugin's indexer path)."""
     if not on:
         monkeypatch.setenv("DSV41_GFX942_TOPK", "0")
     builds = []
     monkeypatch.setattr(topk, "build", lambda: builds.append(1) or True)
+    monkeypatch.setattr(indexer, "layers_built", 0)
     make_layer(vllm_env, "plain", 4)
     assert builds == ([1] if on else [])
+    assert indexer.layers_built == 1
 
 
 def test_another_plugins_replacement_of_the_op_serves(vllm_env, monkeypatch, plugin_log):
@@ -895,24 +987,27 @@ def test_another_plugins_replacement_of_the_op_serves(vllm_env, monkeypatch, plu
 
     builds = []
     monkeypatch.setattr(topk, "build", lambda: builds.append(1) or True)
+    monkeypatch.setattr(indexer, "layers_built", 0)
     monkeypatch.setitem(custom_op.op_registry_oot, "SparseAttnIndexer", OtherVendorIndexer)
     for _ in range(2):
         layer = make_layer(vllm_env, "plain", 4)
         assert type(layer) is OtherVendorIndexer and not hasattr(layer, "dsv41_topk")
-    assert builds == []
+    assert builds == [] and indexer.layers_built == 0  # no layer of the plugin's was built
     warned = [r for r in plugin_log.records if "OtherVendorIndexer replaces" in r.getMessage()]
     assert [r.levelname for r in warned] == ["WARNING"]
     del custom_op.op_registry_oot["SparseAttnIndexer"]
     assert type(make_layer(vllm_env, "plain", 4)).__name__ == "Dsv41Gfx942SparseAttnIndexer"
 
 
-def test_candidate_logits_of_zero_are_not_proof(vllm_env, monkeypatch):
-    """Dense logits all 0 (keys or queries of zeros): however many live columns compare
-    equal, nothing meaningful was compared, so the variant keeps vLLM's path, unjudged."""
+@pytest.mark.parametrize("value", [0.0, float("nan")])
+def test_candidate_logits_of_zero_are_not_proof(vllm_env, monkeypatch, value):
+    """Dense logits all 0 (keys or queries of zeros), or all NaN (NaN keys): however many live
+    columns compare equal, nothing meaningful was compared, so the variant keeps vLLM's path,
+    unjudged."""
     monkeypatch.setattr(indexer, "_cand_verdict", {})
     monkeypatch.setattr(indexer, "MIN_COMPARED", 1)
     plugin_layer, _, meta, q, n = pair(vllm_env, "reader", "mtp_2d")
-    vllm_env.logits.proj.zero_()
+    vllm_env.logits.proj.fill_(value)
     install_hooks(monkeypatch, vllm_env, take=True)
     run(vllm_env, plugin_layer, meta, q, n)
     assert vllm_env.calls == [*PROBE, "vllm:logits", "hook:candidate_top_k"]
