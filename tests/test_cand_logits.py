@@ -425,6 +425,16 @@ REFUSED = {
     "page 256": dict(kv_cache=strided_cache(8, 256, 128, 0, "cpu")),  # AITER's other pipeline
     "page stride 2": dict(kv_cache=strided_cache(8, 64, 128, 2, "cpu")),
     "cache 3-D": dict(kv_cache=torch.zeros(8, 64, 132, dtype=torch.uint8)),
+    "cache of 2 heads": dict(  # a broadcast view: every stride but the heads' is a cache's
+        kv_cache=torch.zeros(8 * 64 * 132, dtype=torch.uint8).as_strided(
+            (8, 64, 2, 132), (64 * 132, 132, 0, 1)
+        )
+    ),
+    "pages overlap": dict(  # pages 4096 bytes apart, each 8448 long: split_cache raises
+        kv_cache=torch.zeros(7 * 4096 + 64 * 132, dtype=torch.uint8).as_strided(
+            (8, 64, 1, 132), (4096, 132, 132, 1)
+        )
+    ),
     # Layouts split_cache raises on (a ValueError would turn the hook off for the process).
     "cache at a 2-byte offset": dict(
         kv_cache=torch.zeros(8 * 64 * 132 + 2, dtype=torch.uint8)[2:].view(8, 64, 1, 132)
@@ -440,6 +450,7 @@ REFUSED = {
     "weights fp16": dict(weights=torch.zeros(8, 64, dtype=torch.float16)),
     "weights strided": dict(weights=torch.zeros(8, 128)[:, ::2]),
     "weights short": dict(weights=torch.zeros(5, 64)),
+    "weights 3-D": dict(weights=torch.zeros(8, 64, 1)),
     "seq_lens int64": dict(seq_lens=torch.full((3,), 300, dtype=torch.int64)),
     "seq_lens wrong count": dict(seq_lens=torch.full((4,), 300, dtype=torch.int32)),
     "seq_lens strided": dict(seq_lens=torch.full((6,), 300, dtype=torch.int32)[::2]),
@@ -450,12 +461,20 @@ REFUSED = {
     "block table int64": dict(block_table=torch.zeros(3, 8, dtype=torch.int64)),
     "block table strided": dict(block_table=torch.zeros(3, 16, dtype=torch.int32)[:, ::2]),
     "block table short": dict(block_table=torch.zeros(2, 8, dtype=torch.int32)),
+    "block table 1-D": dict(block_table=torch.zeros(24, dtype=torch.int32)),
+    "candidates 1-D": dict(candidates=torch.zeros(8 * 2048, dtype=torch.int32)),
+    "indices 1-D": dict(indices=torch.zeros(8 * 512, dtype=torch.int32)),
+    "no rows": dict(
+        q_fp8=torch.zeros(0, 2, 64, 128, dtype=torch.float8_e4m3fnuz),
+        seq_lens=torch.zeros(0, dtype=torch.int32),
+    ),
     "candidates int64": dict(candidates=torch.zeros(8, 2048, dtype=torch.int64)),
     "candidates strided": dict(candidates=torch.zeros(8, 4096, dtype=torch.int32)[:, ::2]),
     "candidates short": dict(candidates=torch.zeros(5, 2048, dtype=torch.int32)),
     "512 candidate columns": dict(candidates=torch.zeros(8, 64, dtype=torch.int32)),
     "16392 candidate columns": dict(candidates=torch.zeros(8, 2049, dtype=torch.int32)),
     "block size 0": dict(block_size=0),
+    "block size True": dict(block_size=True),  # a bool is an int, not a block size
     "indices int64": dict(indices=torch.zeros(8, 512, dtype=torch.int64)),
     "indices strided": dict(indices=torch.zeros(8, 1024, dtype=torch.int32)[:, ::2]),
     "indices narrow": dict(indices=torch.zeros(8, 256, dtype=torch.int32)),
@@ -521,7 +540,9 @@ def test_hook_refuses_and_writes_nothing(name, fake_topk):
 
 
 def test_hook_hands_compact_rows_to_the_top_k(fake_topk):
-    args = hook_args()
+    """The kernel gets the step's rows (of longer buffers), the top-k the step's rows and 512
+    columns of ``indices`` (here a wider buffer)."""
+    args = hook_args(indices=torch.full((8, 1024), -7, dtype=torch.int32))
     assert cand_logits.candidate_logits_top_k(**args) is True
     q, cache, weights, seq_lens, next_n, table, cand, block, logits, ids = fake_topk["logits"]
     assert q.shape == (6, 64, 128) and q.data_ptr() == args["q_fp8"].data_ptr()

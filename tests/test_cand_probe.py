@@ -60,15 +60,21 @@ def test_probe_is_a_step_of_the_variant_the_hook_takes(batch, next_n, dims, rati
     counts = [-(-int(n) // 64) for n in last]
     owned = [step.block_table[b, :n] for b, n in enumerate(counts)]
     assert sorted(torch.cat(owned).tolist()) == list(range(pages))
+    assert torch.cat(owned).tolist() != list(range(pages))  # shuffled: the table is read
     assert all((step.block_table[b, n:] == 0).all() for b, n in enumerate(counts))
     keys, scales = cand_logits.split_cache(step.kv_cache, FNUZ)
     finite = keys.float().isfinite()
     assert (finite | (keys.view(torch.uint8) == 0x80)).all() and (scales >= 0.5).all()
-    # Candidates: distinct block ids a row, an eighth -1, enough live columns to judge.
+    assert keys.float()[finite].abs().mean() > 1  # random keys, not zeros
+    # Weights differ between heads and rows (a kernel mixing them up would not compare equal).
+    assert (step.weights.std(dim=1) > 0).all() and step.weights.unique().numel() == rows * 64
+    # Candidates: distinct block ids a row in no order, an eighth -1, enough live columns to
+    # judge.
     live = 0
     for r in range(rows):
         ids = step.candidates[r][step.candidates[r] >= 0]
         assert ids.unique().numel() == ids.numel() and ids.max() < 2048
+        assert (ids.diff() < 0).any()  # in no order, as layer 20's top-K writes them
         assert 0.08 < (step.candidates[r] < 0).float().mean() < 0.17
         cols = (ids[:, None] * 8 + torch.arange(8)).flatten()
         live += int((cols < live_end[r]).sum())
