@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -113,16 +114,37 @@ def test_file_maps_lists_this_process_libraries(tmp_path):
 
 # A stand-in libamdhip64 with ROCm >= 7's rule for the last error: a failed call sets it, and
 # only hipGetLastError reads and resets it (torch calls that after each of its own launches).
+# Its launch takes its arguments as HIP does from ``extra`` (HIP_LAUNCH_PARAM_BUFFER_POINTER 1,
+# the buffer, HIP_LAUNCH_PARAM_BUFFER_SIZE 2, a pointer to the size, HIP_LAUNCH_PARAM_END 3; else
+# error 1) and records them with the launch's configuration.
 FAKE_HIP = """
+#include <string.h>
 static int last, fail;
 void set_fail(int which) { fail = which; }
 int pending(void) { return last; }
 static int result(int which) { if (fail != which) return 0; last = 200; return 200; }
-int hipModuleLoadData(void **module, const void *image) { return result(1); }
-int hipModuleGetFunction(void **fn, void *module, const char *name) { return result(2); }
+static void *loaded_module = (void *)0xBEEF, *kernel_fn = (void *)0xF00D, *asked_module;
+unsigned long long launched[10];
+unsigned char arg_bytes[256];
+int hipModuleLoadData(void **module, const void *image) {
+  if (module) *module = loaded_module;
+  return result(1); }
+int hipModuleGetFunction(void **fn, void *module, const char *name) {
+  asked_module = module;
+  if (fn) *fn = kernel_fn;
+  return result(2); }
 int hipModuleLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                           unsigned by, unsigned bz, unsigned shared, void *stream,
-                          void **params, void **extra) { return result(3); }
+                          void **params, void **extra) {
+  if (result(3)) return 200;
+  if (params || !extra || (size_t)extra[0] != 1 || (size_t)extra[2] != 2
+      || (size_t)extra[4] != 3 || *(size_t *)extra[3] > sizeof arg_bytes) return 1;
+  unsigned long long got[10] = {(size_t)f, gx, gy, gz, bx, by, bz, shared, (size_t)stream,
+                                *(size_t *)extra[3]};
+  memcpy(launched, got, sizeof got);
+  memcpy(arg_bytes, extra[1], *(size_t *)extra[3]);
+  return asked_module == loaded_module && f == kernel_fn ? 0 : 2;
+}
 int hipGetLastError(void) { int e = last; last = 0; return e; }
 """
 
@@ -178,3 +200,56 @@ def test_clear_last_error_resets_hips_and_never_raises(fake_hip, monkeypatch):
     monkeypatch.setattr(_launcher, "_runtime", None)
     monkeypatch.setattr(_launcher._Runtime, "_mapped_hip", staticmethod(no_library))
     assert _launcher.clear_last_error() == 0
+
+
+def test_a_launch_hands_hip_its_arguments_as_the_kernel_lays_them_out(fake_hip, tmp_path):
+    """A kernel of the loaded module, launched on the given stream with the given grid and
+    block, its arguments packed at the offsets of their C layout (pointer, int32, then int64
+    and pointer, each aligned to its size) and passed in HIP's ``extra`` buffer."""
+    image = tmp_path / "topk512.gfx942.co"
+    image.write_bytes(b"\x7fELF")
+    module = _launcher.Module(image, {"k": "PiqP"}, 0)
+    module.kernels["k"]((3, 5, 7), 256, 0xABC, 0x1122334455667788, -2, -3, 0x99)
+    launched = list((ctypes.c_ulonglong * 10).in_dll(fake_hip, "launched"))
+    assert launched == [0xF00D, 3, 5, 7, 256, 1, 1, 0, 0xABC, 32]
+    packed = bytes((ctypes.c_ubyte * 32).in_dll(fake_hip, "arg_bytes"))
+    assert packed == (
+        (0x1122334455667788).to_bytes(8, "little") + (-2).to_bytes(4, "little", signed=True)
+        + bytes(4) + (-3).to_bytes(8, "little", signed=True) + (0x99).to_bytes(8, "little")
+    )  # fmt: skip
+
+
+def test_stream_handle_is_the_devices_current_stream(monkeypatch):
+    """torch's current raw stream of the device asked for (torch's accessor, else its Stream
+    object's handle)."""
+    asked = []
+    monkeypatch.setattr(_launcher, "_raw_stream", lambda device: asked.append(device) or 0x51)
+    assert _launcher.stream_handle(3) == 0x51 and asked == [3]
+    monkeypatch.setattr(_launcher, "_raw_stream", None)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: asked.append(device) or
+                        types.SimpleNamespace(cuda_stream=0x52))  # fmt: skip
+    assert _launcher.stream_handle(2) == 0x52 and asked == [3, 2]
+
+
+def test_a_missing_code_object_is_named(monkeypatch, tmp_path):
+    """No code object for this GPU's arch (a build without the HIP compiler): an OSError that
+    names the arch and the file (the hooks' one warning says it), before any runtime call."""
+    monkeypatch.setattr(_launcher, "code_object_arch", lambda device=None: "gfx942")
+    monkeypatch.setattr(_launcher, "KERNEL_DIR", tmp_path)
+    monkeypatch.setattr(_launcher, "_get_runtime", lambda: pytest.fail("runtime asked"))
+    with pytest.raises(OSError, match=f"no code object for gfx942: {tmp_path}/topk512.gfx942.co"):
+        _launcher.load("topk512", {}, 0)
+
+
+@pytest.mark.parametrize(("hip", "props", "arch"), [
+    ("6.4.1", dict(gcnArchName="gfx942:sramecc+:xnack-"), "gfx942"),  # MI300X's full name
+    (None, dict(major=9, minor=0), "sm_90"),
+])  # fmt: skip
+def test_code_object_arch_names_the_file(monkeypatch, hip, props, arch):
+    """The arch as the code objects are named: ROCm's target without its feature flags, CUDA's
+    compute capability."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device=None: types.SimpleNamespace(**props))  # fmt: skip
+    monkeypatch.setattr(torch.version, "hip", hip)
+    assert _launcher.code_object_arch(0) == arch

@@ -60,3 +60,12 @@ def test_nothing_grows_inside_capture(scratch, monkeypatch):
     assert scratch.get(0, 1001) is None
     assert not scratch.reserve(0, 1001)
     assert held(scratch) == [1000]
+
+
+def test_a_reservation_that_fits_keeps_the_launched_buffer(scratch):
+    """vLLM's profile reserving less than a launch already had (a narrower layer) grows
+    nothing, so the launched buffer, which a graph may hold, stays when a later call grows."""
+    launched = scratch.get(0, 1000)
+    assert scratch.reserve(0, 500) and held(scratch) == [1000]
+    assert scratch.reserve(0, 3000)
+    assert held(scratch) == [1000, 3000] and scratch._bufs[0][0] is launched
