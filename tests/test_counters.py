@@ -18,6 +18,8 @@ def test_counts_and_reasons(clean_plugin):
         "h": {"taken": 1, "declined": 2, "reasons": {"too wide": 2}},
     }
     assert counters.summary() == "g 0/1, h 1/3"
+    counters.reset()  # forgets takes and declines alike
+    assert counters.stats() == {} and counters.summary() == "no hook has run"
 
 
 def _run(src: str) -> subprocess.CompletedProcess:

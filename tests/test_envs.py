@@ -21,11 +21,13 @@ def test_bool_parsing(monkeypatch, raw, value):
 
 @pytest.mark.parametrize("name", sorted(envs.VARIABLES))
 def test_blank_value_is_unset(clean_plugin, monkeypatch, plugin_log, name):
-    """A blank value (``VAR=`` in a launch script) means the default, without a warning."""
+    """A blank value (``VAR=`` in a launch script) means the default, without a warning; the
+    status command shows it unset."""
     monkeypatch.setattr(envs, "_warned", set())
     for raw in ("", "  "):
         monkeypatch.setenv(name, raw)
         assert envs.get_bool(name) is envs.VARIABLES[name].default
+        assert envs.settings()[name] == f"<unset: {envs.VARIABLES[name].default!r}>"
     assert not [r for r in plugin_log.records if r.levelno == logging.WARNING]
 
 

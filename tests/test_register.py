@@ -64,11 +64,13 @@ def test_inactive_reasons_in_order(clean_plugin, fake_platform, monkeypatch, plu
     ("0.33.0", "active"),
     ("0.32.1", "inactive: vLLM 0.32.1 is not supported (needs >=0.33,<0.34)"),
     (None, "inactive: no vLLM version found (no distribution metadata, no vllm.__version__)"),
+    (0.33, "inactive: no vLLM version found (no distribution metadata, no vllm.__version__)"),
 ])  # fmt: skip
 def test_vllm_without_metadata(clean_plugin, fake_platform, monkeypatch, plugin_log, dunder,
                                status):  # fmt: skip
     """A vLLM installed without its distribution metadata is judged by ``vllm.__version__``;
-    with neither, the plugin stays off with its INFO line (no ERROR, no traceback)."""
+    with neither (or a ``__version__`` that is no string), the plugin stays off with its INFO
+    line (no ERROR, no traceback)."""
     from importlib import metadata
 
     import vllm
@@ -275,6 +277,9 @@ def test_changed_signature_is_skipped_with_warning(clean_plugin, fake_platform, 
     assert _ACTIVE_INDEXER_ONLY in _infos(plugin_log)  # the skipped patch is not named
     warnings = [r.getMessage() for r in plugin_log.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and SAMPLER in warnings[0] and "extra" in warnings[0]
+    # apply_all() says why for each patch: the check's reason for the one skipped.
+    assert patches.apply_all() == {INDEXER: "already applied", SAMPLER: patching.check(
+        patches.SAMPLER)} and "extra" in patching.check(patches.SAMPLER)  # fmt: skip
 
 
 def test_no_patch_applied_is_inactive(clean_plugin, fake_platform, monkeypatch, plugin_log,
@@ -375,6 +380,46 @@ def test_patch_helper_refuses_twice():
     assert Dummy().f(1) == "orig"
 
 
+def test_patch_of_a_missing_attribute_is_refused(plugin_log):
+    """A target vLLM no longer has is not patched (a check naming it, one warning), whatever
+    its expectations say: apply() returns False rather than raise (which would make register()
+    undo every patch)."""
+
+    class Dummy:
+        pass
+
+    patch = patching.Patch(module=__name__, owner="Dummy", attr="gone", make=lambda orig: orig)
+    globals()["Dummy"] = Dummy
+    try:
+        assert patching.check(patch) == f"{patch.target} does not exist"
+        assert patching.apply(patch) is False and patching.applied() == {}
+    finally:
+        del globals()["Dummy"]
+    warnings = [r.getMessage() for r in plugin_log.records if r.levelno == logging.WARNING]
+    assert warnings == [f"dsv41_gfx942: not patching {patch.target}: {patch.target} does not exist"]
+
+
+def test_undo_restores_a_descriptor_as_it_was():
+    """A static method is replaced and restored as the owner held it (its staticmethod object,
+    not the function a lookup returns), and the replacement is built from that object."""
+
+    class Owner:
+        @staticmethod
+        def f():
+            return "orig"
+
+    globals()["Owner"] = Owner
+    original = vars(Owner)["f"]
+    seen = []
+    try:
+        patching.apply(patching.Patch(module=__name__, owner="Owner", attr="f",
+                                      make=lambda orig: seen.append(orig) or orig))  # fmt: skip
+    finally:
+        patching.undo_all()
+        del globals()["Owner"]
+    assert seen == [original] and vars(Owner)["f"] is original and Owner().f() == "orig"
+
+
 def test_undo_of_inherited_attribute_deletes_it():
     class Base:
         x = 1
@@ -393,13 +438,16 @@ def test_undo_of_inherited_attribute_deletes_it():
     assert "x" not in vars(Child) and Child.x == 1
 
 
-def test_register_swallows_internal_error(clean_plugin, fake_platform, monkeypatch, plugin_log):
+@pytest.mark.parametrize("error", [RuntimeError, AttributeError])
+def test_register_swallows_internal_error(clean_plugin, fake_platform, monkeypatch, plugin_log,
+                                          error):  # fmt: skip
+    """Any exception of the plugin's (not only a RuntimeError) leaves it inactive, undone."""
     from vllm.models.deepseek_v41.attention import DeepseekV4Indexer
 
     original = DeepseekV4Indexer.attn_cls
 
     def boom(orig):
-        raise RuntimeError("bug in the plugin")
+        raise error("bug in the plugin")
 
     # The indexer patch lands, then the sampler's replacement factory fails.
     monkeypatch.setattr(patches, "SAMPLER", patching.Patch(
@@ -413,6 +461,23 @@ def test_register_swallows_internal_error(clean_plugin, fake_platform, monkeypat
     assert DeepseekV4Indexer.attn_cls is original  # what landed first was undone
     errors = [r for r in plugin_log.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "bug in the plugin" in (errors[0].exc_text or "")
+
+
+def test_register_reentered_while_registering_does_nothing(clean_plugin, fake_platform,
+                                                            monkeypatch):  # fmt: skip
+    """vLLM's plugin loader reached again from inside register() (an import it triggers): the
+    inner call returns at once; the outer one decides."""
+    calls = []
+    register = clean_plugin._register
+
+    def reentering():
+        calls.append(clean_plugin.status())
+        clean_plugin.register()
+        return register()
+
+    monkeypatch.setattr(clean_plugin, "_register", reentering)
+    clean_plugin.register()
+    assert calls == ["registering"] and clean_plugin.status() == "active"
 
 
 def test_register_survives_a_failing_undo(clean_plugin, fake_platform, monkeypatch):
