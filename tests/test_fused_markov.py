@@ -264,7 +264,8 @@ def test_die_order_is_a_permutation_of_contiguous_runs(total, xcds):
 def test_fast_noise_takes_the_exact_winner():
     """Two live tokens with equal logits, in different vocabulary blocks, whose fast noises
     order them the other way round than vLLM's noise (found by search): the fused path with the
-    fast noise must still sample vLLM's token for that row, and every other row too."""
+    fast noise must still sample vLLM's token for that row, and every other row too; the last
+    row, made the first one's twin (its request, position and previous token), as well."""
     vocab, rows = 20000, 20
     cfg = F._config(rows, vocab, 64, True)
     assert cfg["FAST_LOG"] == "log2"
@@ -280,9 +281,14 @@ def test_fast_noise_takes_the_exact_winner():
     w2[b] = w2[a]
     spec.model.base[:] = float("-inf")
     spec.model.base[:, a] = spec.model.base[:, b] = 1.0
+    for t in (spec.sample_idx_mapping, spec.sample_pos):
+        t[rows - 1] = t[0]
+    ids, anchor = spec.input_buffers.input_ids, spec._anchor_idx
+    ids[anchor[rows - 1]] = ids[anchor[0]]
     took, ref, out = R.run_both(spec, rows, hidden, F.sample_sequential)
     assert took
     assert int(ref["tokens"][0, 0]) == vllm_token  # the search keyed the noise as vLLM does
+    assert int(ref["tokens"][rows - 1, 0]) == vllm_token
     assert torch.equal(out["tokens"][:rows], ref["tokens"][:rows])
 
 
@@ -518,8 +524,10 @@ def test_draft_logits_cache_wider_than_the_vocabulary_is_taken():
 
 
 def test_scratch_is_one_set_a_speculator_shape(monkeypatch):
-    """Speculators of other max_num_reqs (or steps) get their own buffers, each as large as
-    theirs; the same shape shares them, so a graph keeps their addresses."""
+    """Speculators of other max_num_reqs, steps or noise dtype get their own buffers, each as
+    large as theirs (fp64 noise: the ping-pong keys too); the same shape shares them, so a graph
+    keeps their addresses. The block-best columns cover the vocabulary in blocks of MIN_BV, the
+    smallest block of every configuration; another GPU of the process has its own set."""
     monkeypatch.setattr(F, "_buffers", {})
     cpu = torch.device("cpu")
     four, _ = _base_case(seed=69, max_num_reqs=4)
@@ -528,6 +536,56 @@ def test_scratch_is_one_set_a_speculator_shape(monkeypatch):
     assert F._scratch(eight, cpu, 300)["win"].shape == (eight.num_speculative_steps, 8)
     again, _ = _base_case(seed=70, max_num_reqs=4)
     assert F._scratch(again, cpu, 300)["win"] is F._scratch(four, cpu, 300)["win"]
+    five, _ = _base_case(seed=69, n_spec=5)
+    assert F._scratch(five, cpu, 300)["win"].shape == (5, 4)
+    fp64, _ = _base_case(seed=69, fp64=True)
+    assert [k.shape for k in F._scratch(fp64, cpu, 300)["keys"]] == [(4, 5)] * 2
+    assert "keys" not in F._scratch(four, cpu, 300)
+    assert F._scratch(four, cpu, 300)["bbest"].shape == (4, 5)  # 300 tokens: 5 blocks of 64
+    assert min(c["BV"] for _, c in F.GPU_CONFIGS + F.GREEDY_GPU_CONFIGS) >= F.MIN_BV
+    assert F._key(four, torch.device("cuda", 0), 300) != F._key(four, torch.device("cuda", 1), 300)
+
+
+def test_launch_keys_tell_configurations_apart():
+    """A launch configuration's key (compiled, compared with vLLM's loop, broken) names the
+    device type, the rank, greedy or sampled drafts and the noise dtype besides the block sizes:
+    a configuration compared or broken for one speculator says nothing of one that differs only
+    there (under the interpreter all of these share their block sizes at 3 rows)."""
+    cpu = torch.device("cpu")
+
+    def key(device=cpu, **kw):
+        spec, _ = _base_case(seed=72, **kw)
+        return F._launch_key(spec, 3, device)[0]
+
+    rank128 = R.make_head(300, 128, "cpu", torch.Generator().manual_seed(72))
+    keys = [key(), key(greedy=True), key(fp64=True), key(head=rank128)]
+    keys.append(key(torch.device("cuda", 0)))
+    assert len(set(keys)) == len(keys) and key() == keys[0]
+
+
+@pytest.mark.parametrize("hip", [None, "6.3.42131"], ids=["cuda", "rocm"])
+def test_gpu_configuration_of_a_batch(hip, monkeypatch):
+    """``_config`` off the interpreter: sampled drafts take the table's first entry up to 16
+    rows (vLLM's exact noise, two blocks a program) and the fast noise from 17 rows, whose log is
+    the backend's ("log2" on ROCm, "ptx" on CUDA); greedy drafts 64-row tiles up to 64 rows, then
+    128-row tiles; a tile never under the dot's 16 rows, folded to the batch (``R_EPI``); the
+    dies' program order on ROCm only; an ``over`` entry (bench_markov.py --sweep) replaces the
+    table's, its BK cut to a power of 2 that divides the rank."""
+    monkeypatch.setattr(torch.version, "hip", hip)
+
+    def cfg(rows, greedy=False, rank=256, over=None):
+        c = F._config(rows, 129280, rank, False, over=over, greedy=greedy)
+        return c, (c["R_TILE"], c["R_EPI"], c["BLOCKS"], c["FAST_LOG"])
+
+    assert cfg(16)[1] == (16, 16, 2, "")
+    assert cfg(17)[1] == (32, 32, 1, "log2" if hip else "ptx")
+    assert cfg(3)[1] == (16, 4, 2, "")
+    assert cfg(20, greedy=True)[1] == (32, 32, 1, "")
+    assert cfg(64, greedy=True)[1] == (64, 64, 1, "")
+    assert cfg(65, greedy=True)[1] == (128, 128, 1, "")
+    assert {cfg(rows)[0]["XCDS"] for rows in (1, 17, 256)} == {F.GFX942_XCDS if hip else 1}
+    assert cfg(256, over=dict(BV=64))[0]["BV"] == 64
+    assert cfg(256, rank=192, over=dict(BK=128))[0]["BK"] == 64
 
 
 def test_no_memory_for_the_scratch_takes_vllms_loop_this_step(
@@ -620,16 +678,18 @@ BASE_LOGITS = [
     (_width(1), True, False),
     (_width(20), True, False),  # markov_w2's rows (ParallelLMHead pads 300 to 320)
     (_width(0), False, True),
+    (lambda x: x.float(), True, False),  # fp32: vLLM's cache store asserts bf16
 ]
 
 
 @pytest.mark.parametrize(
-    "make,raises,kernel", BASE_LOGITS, ids=["strided", "299", "301", "320", "300"]
+    "make,raises,kernel", BASE_LOGITS, ids=["strided", "299", "301", "320", "300", "fp32"]
 )
 def test_base_logits_the_kernel_cannot_take_run_vllms_loop_once(make, raises, kernel, spy):
-    """Base logits strided along the vocabulary, or of another width than the Markov bias
-    (vLLM's add raises): vLLM's loop from those logits, computed once, so the same tokens or
-    the same error; the bias's own width (the other side) is the kernel's."""
+    """Base logits strided along the vocabulary, of another dtype than the bf16 the kernel adds
+    to (vLLM's cache store asserts), or of another width than the Markov bias (vLLM's add
+    raises): vLLM's loop from those logits, computed once, so the same tokens or the same error;
+    the bias's own width (the other side) is the kernel's."""
     spec, hidden = _base_case(seed=68)
     assert _w2(spec).shape[0] == 320 and spec.model.logits_processor.org_vocab_size == 300
     calls = []
@@ -642,7 +702,7 @@ def test_base_logits_the_kernel_cannot_take_run_vllms_loop_once(make, raises, ke
         calls.clear()
         try:
             done = fn(spec, 3, hidden)
-        except RuntimeError as e:
+        except (RuntimeError, AssertionError) as e:
             done = str(e)
         return done, R.snapshot(spec), calls == [1]
 
