@@ -125,6 +125,8 @@ def test_a_sampled_token_may_differ_only_where_a_cached_value_does():
     )
     x = float(_outputs()[1][1, 0, other])
     assert _compare(_token(1, 0, other), _set(1, 0, other, x + 2.0**-7 * abs(x))) is None
+    x = float(_outputs()[1][1, 0, a])  # vLLM's token's value differs instead
+    assert _compare(_token(1, 0, other), _set(1, 0, a, x - 2.0**-7 * abs(x))) is None
 
 
 def test_later_steps_of_a_row_whose_token_differs_are_not_judged():
@@ -140,6 +142,37 @@ def test_later_steps_of_a_row_whose_token_differs_are_not_judged():
     assert _compare(_token(1, 0, other), both) is None
 
 
+def test_the_bound_counts_only_judged_values():
+    """MAX_DIFFER is a share of the values judged: a row's steps after a token that differs
+    (legitimately: its value differs) are not judged, and not counted among the compared."""
+    tokens, cached, *_ = _outputs()
+    other = (int(tokens[1, 0]) + 3) % V
+    x = float(cached[1, 0, other])
+
+    def spoil(c):
+        c[1, 0, other] = x + 2.0**-7 * abs(x)
+        b = c.view(torch.int16)
+        b[0, 0, :19] += 1  # one bf16 ulp each: 20 of 4 judged x 4096 values, over 1e-3 of them
+        return c
+
+    assert _compare(_token(1, 0, other), spoil) == "20 of 16384 cached logits differ"
+
+
+def test_the_largest_difference_of_a_bias_last_bit_passes():
+    """TOL's bound is tight: the bias b = 4 and its bf16 neighbour 4 + 2**-5, added to the base
+    logit 2**-6, round to 4 and 4 + 2**-4 (ties to even, the other way each): a difference of
+    2**-4, 0.996 of TOL * (|4| + |2**-6|), the largest share of the bound that a search of bf16
+    biases, their neighbours and base logits found."""
+    tokens, cached, live, hot, base = _outputs()
+    base[0, 1, 5], cached[0, 1, 5] = 2.0**-6, 4.0
+    assert float(cached[0, 1, 5] + 4.0) == 8.0  # bf16: what follows is exact
+    out = cached.clone()
+    out[0, 1, 5] = 4.0 + 2.0**-4
+    assert float((base[0, 1, 5].float() + (4.0 + 2.0**-5)).bfloat16()) == 4.0 + 2.0**-4
+    assert float((base[0, 1, 5].float() + 4.0).bfloat16()) == 4.0
+    assert C.compare((tokens, tokens), (cached, out), live, hot, base, None) is None
+
+
 def test_an_argmax_token_must_hold_the_maximum():
     tokens, cached, *_ = _outputs(hot=False)
     logits = cached[0, 2].float()
@@ -150,6 +183,28 @@ def test_an_argmax_token_must_hold_the_maximum():
     assert _compare(_token(0, 2, low), _same, lambda r, i: logits, hot=False) == (
         f"row 0 step 2: argmax token {low}, not {top}"
     )
+    # vLLM's logits hold a NaN: no token is judged against it (vLLM's argmax of a sampled
+    # configuration's row keeps or drops a NaN by its position on a GPU).
+    nan = logits.clone()
+    nan[7] = float("nan")
+    assert _compare(_token(0, 2, low), _same, lambda r, i: nan, hot=False) is None
+
+
+def test_an_argmax_tokens_slack_counts_its_base_logit():
+    """The argmax token's bias may be a bf16 last bit off vLLM's, which scales with its base
+    logit where the bias cancels it: base 64, bias -63.75 (a bf16 bit: 2**-2), vLLM's logit
+    0.25 against a maximum of 0.5 passes; -0.625, beyond TOL * (0.5 + 64) below it, does not."""
+    tokens, cached, live, hot, base = _outputs(hot=False)
+    top, b = int(tokens[0, 2]), (int(tokens[0, 2]) + 1) % V
+    base[0, 2, b] = 64.0
+    logits = torch.full((V,), -10.0)
+    logits[top], logits[b] = 0.5, 0.25
+    out = tokens.clone()
+    out[0, 2] = b
+    args = ((tokens, out), (cached, cached), live, hot, base)
+    assert C.compare(*args, lambda r, i: logits) is None
+    logits[b] = -0.625
+    assert C.compare(*args, lambda r, i: logits) == f"row 0 step 2: argmax token {b}, not {top}"
 
 
 @pytest.mark.parametrize("rows,tile,least", [(1, 16, 1), (64, 16, 16), (65, 16, 4), (256, 16, 3),
@@ -187,6 +242,42 @@ def test_inert_rows_only_compare_again_at_the_next_step():
     assert took and len(F._checked) == 1 and F._settled == set()
     with pytest.raises(AssertionError, match="fell back to vLLM's loop"):
         R.run_both(spec, 5, hidden, F.sample_sequential)  # the comparison runs the loop
+
+
+def test_only_a_configurations_first_comparison_probes(monkeypatch):
+    """The probe (several comparisons with the compared rows made live) runs at a configuration's
+    first comparison only: vLLM's inert warm-up compares with it and does not settle, the next
+    step compares its own rows without it and settles, and the one after is not compared."""
+    probes = []
+
+    def first_step(spec, num_reqs, base, loop, fused, probe=False):
+        probes.append(probe)
+        loop()
+        return None, len(probes) > 1  # inert rows, then live ones
+
+    monkeypatch.setattr(C, "first_step", first_step)
+    spec, hidden = R.make_case(vocab=300, rows=3, n_spec=2, seed=94)
+    for _ in range(3):
+        assert F.sample_sequential(spec, 3, hidden)
+    assert probes == [True, False] and len(F._settled) == 1
+
+
+def test_a_missed_cache_store_shows_over_vllms_own_values(monkeypatch):
+    """The compared slots' cached logits are NaN before the fused launches: kernels that compute
+    the tokens but store no cached logit fail the comparison even where the cache already holds
+    vLLM's values for the same inputs (the step run again; no probe: compared before)."""
+
+    def launch(spec, *args, **kwargs):  # the kernels, their cache stores lost
+        cache = spec.draft_logits.clone()
+        REAL_LAUNCH(spec, *args, **kwargs)
+        spec.draft_logits.copy_(cache)
+
+    monkeypatch.setattr(F, "_launch", launch)
+    spec, hidden = R.make_case(vocab=300, rows=3, n_spec=2, temps=(1.0,), inert=0.0, seed=95)
+    F._checked.add(F._launch_key(spec, 3, spec.device)[0])
+    R.vllm_sample_sequential()(spec, 3, hidden)  # the cache: vLLM's values of this step
+    assert F.sample_sequential(spec, 3, hidden)
+    assert "row 0 step 0: a cached logit differs beyond a bias's last bit" in F._off_reason
 
 
 @pytest.mark.parametrize("wrong", [False, True])
