@@ -117,6 +117,18 @@ def test_too_many_small_differences_fail():
     assert _compare(_same, shift) == "30 of 24576 cached logits differ"
 
 
+def test_exactly_max_differ_of_the_values_may_differ():
+    """The bound's edge: 1 of 1000 compared values differing (MAX_DIFFER of them) passes, 2 do
+    not."""
+    tokens, live = torch.zeros(1, 1, dtype=torch.long), torch.ones(1, 1, dtype=torch.bool)
+    base = torch.ones(1, 1, 1000, dtype=torch.bfloat16)
+    cached = base.clone()
+    for n, why in ((1, None), (2, "2 of 1000 cached logits differ")):
+        out = cached.clone()
+        out.view(torch.int16)[0, 0, :n] += 1  # one bf16 ulp: within a bias's last bit
+        assert C.compare((tokens, tokens), (cached, out), live, live, base, None) == why
+
+
 def test_a_sampled_token_may_differ_only_where_a_cached_value_does():
     tokens, *_ = _outputs()
     a, other = int(tokens[1, 0]), (int(tokens[1, 0]) + 3) % V
@@ -278,6 +290,47 @@ def test_a_missed_cache_store_shows_over_vllms_own_values(monkeypatch):
     R.vllm_sample_sequential()(spec, 3, hidden)  # the cache: vLLM's values of this step
     assert F.sample_sequential(spec, 3, hidden)
     assert "row 0 step 0: a cached logit differs beyond a bias's last bit" in F._off_reason
+
+
+@pytest.mark.parametrize("greedy", [True, False], ids=["greedy-drafts", "temperature-0"])
+def test_a_wrong_argmax_token_fails(greedy, monkeypatch):
+    """Argmax tokens are judged by vLLM's logits: greedy drafts (no cache; their requests'
+    temperature, 1 here, plays no part) and a sampled configuration's live temperature-0 requests
+    (logits cached). Kernels that take another token, its cached value a bias's last bit off
+    vLLM's (no cached value differs beyond one), fail (no probe: compared before)."""
+
+    def launch(spec, *args, **kwargs):
+        REAL_LAUNCH(spec, *args, **kwargs)
+        _next_token(spec)
+        if spec.draft_logits is not None:
+            slot, token = int(spec.sample_idx_mapping[0]), int(spec.draft_tokens[0, 0])
+            spec.draft_logits[slot, 0].view(torch.int16)[token] += 1
+
+    monkeypatch.setattr(F, "_launch", launch)
+    temps = (1.0,) if greedy else (0.0,)
+    spec, hidden = R.make_case(
+        vocab=700, rows=3, n_spec=2, greedy=greedy, temps=temps, inert=0.0, seed=96
+    )
+    F._checked.add(F._launch_key(spec, 3, spec.device)[0])
+    assert F.sample_sequential(spec, 3, hidden)
+    assert "row 0 step 0: argmax token" in F._off_reason
+
+
+def test_the_probe_keys_each_step_at_its_own_position(monkeypatch):
+    """The probe's rows draw each step's noise at a position of its own: kernels that key every
+    step's noise with the first step's position are caught at vLLM's inert warm-up."""
+
+    def launch(spec, num_reqs, base, *args, **kwargs):
+        pos = spec.sample_pos[: num_reqs * base.shape[1]].view(num_reqs, base.shape[1])
+        saved = pos.clone()
+        pos[:, 1:] = pos[:, :1]
+        REAL_LAUNCH(spec, num_reqs, base, *args, **kwargs)
+        pos.copy_(saved)
+
+    monkeypatch.setattr(F, "_launch", launch)
+    spec, hidden = R.make_case(vocab=300, rows=3, n_spec=2, inert=1.0, seed=97)
+    assert F.sample_sequential(spec, 3, hidden)
+    assert "step 1: token" in F._off_reason
 
 
 @pytest.mark.parametrize("wrong", [False, True])
