@@ -441,6 +441,34 @@ def test_base_logits_copied_only_for_a_subset(rows, monkeypatch):
         assert base._is_view() == (rows <= C.CHECK_ROWS)
 
 
+def test_an_argmax_token_is_judged_by_its_own_rows_logits(monkeypatch):
+    """Past CHECK_ROWS rows the compared rows are spread over the batch: the logits an argmax
+    token is judged by are its own row's, at the first step from its anchor token, then from
+    vLLM's token of the step before (greedy drafts, 70 rows; kernels that store nothing)."""
+    seen = []
+    real = C.compare
+
+    def compare(tokens, cached, live, hot, base, logits_fn, row_ids=None):
+        seen.append((logits_fn, row_ids))
+        return real(tokens, cached, live, hot, base, logits_fn, row_ids)
+
+    monkeypatch.setattr(C, "compare", compare)
+    monkeypatch.setattr(F, "_launch", lambda *args, **kwargs: None)
+    spec, hidden = R.make_case(vocab=300, rows=70, n_spec=2, greedy=True, seed=98)
+    assert F.sample_sequential(spec, 70, hidden) and "outside the vocabulary" in F._off_reason
+    ((logits_fn, row_ids),) = seen
+    base, bias = R.model_base(spec, 70, hidden), R.model_bias_fn(spec)
+    row = row_ids[63]
+    assert row == 69
+    prev = (
+        spec.input_buffers.input_ids[spec._anchor_idx[row : row + 1]],
+        spec.draft_tokens[row : row + 1, 0],
+    )
+    for i in range(2):
+        want = (base[row : row + 1, i] + bias(prev[i]))[0].float()
+        assert torch.equal(logits_fn(63, i), want)
+
+
 @pytest.mark.parametrize(
     "spoil,why",
     [
