@@ -108,6 +108,19 @@ def test_a_token_outside_the_vocabulary_fails():
     assert _compare(_token(1, 2, V), _same) == f"row 1 step 2: token {V} outside the vocabulary"
 
 
+def test_a_token_outside_the_vocabulary_fails_on_an_unjudged_step():
+    """After a row's token differs from vLLM's, its later steps go on from other logits and are
+    not judged; a token outside the vocabulary there (a missed store leaves -1) still fails."""
+
+    def both(t):
+        t[0, 0] = (t[0, 0] + 1) % V  # an argmax token that differs: row 0's later steps unjudged
+        t[0, 2] = -1
+        return t
+
+    flat = lambda r, i: torch.zeros(V)  # noqa: E731 (vLLM's logits tie there: the token passes)
+    assert _compare(both, _same, flat, hot=False) == "row 0 step 2: token -1 outside the vocabulary"
+
+
 def test_too_many_small_differences_fail():
     def shift(x):
         b = x.view(torch.int16)

@@ -85,7 +85,9 @@ def compare(tokens, cached, live, hot, base, logits_fn, row_ids=None) -> str | N
     same = (t_ref == t_out).long().cumprod(1)
     judged = torch.ones_like(live)
     judged[:, 1:] = same[:, :-1].bool()
-    outside = judged & ((t_out < 0) | (t_out >= vocab))
+    # A token outside the vocabulary (a missed store leaves -1) is wrong on any step, judged or
+    # not: no logits make it right.
+    outside = (t_out < 0) | (t_out >= vocab)
     token_differs = judged & ~outside & (t_ref != t_out)
     compared = (judged & live).sum() * vocab if cached is not None else 0
     differ = 0
