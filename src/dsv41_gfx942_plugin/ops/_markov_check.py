@@ -13,7 +13,8 @@ rule, for each row and step whose earlier tokens agree: a cached value may diffe
 within ``TOL`` of its and its base logit's magnitudes (a bias's last bf16 bit fits in it; looser
 where the base logit dominates), in at most ``MAX_DIFFER`` of the compared values; a sampled
 token may differ only where the cached value of one of the two tokens does; an argmax token (a
-greedy draft, temperature 0, an inert row) must hold vLLM's maximum logit within ``TOL``.
+greedy draft, temperature 0, an inert row) must hold vLLM's maximum logit within ``TOL`` of
+it and of both tokens' base logits (either bias may be a last bit off vLLM's).
 vLLM's warm-up before it captures a step in a CUDA graph (whose replays are never compared) has
 every row inert, and an eager server's first batch may hold only temperature-0 requests, or only
 requests at one temperature: a sampled configuration's first comparison also makes the compared
@@ -121,7 +122,10 @@ def compare(tokens, cached, live, hot, base, logits_fn, row_ids=None) -> str | N
                 return f"{at}: token {b}, not {a}, with their logits vLLM's"
             logits = logits_fn(r0 + r, i)
             top = logits.max()
-            slack = TOL * (top.abs() + base[r0 + r, i, b].float().abs())
+            # Either token's bias may be a last bit off vLLM's, which scales with its base logit
+            # where the bias cancels it: vLLM's top token's as well as the fused one's.
+            step_base = base[r0 + r, i].float()
+            slack = TOL * (top.abs() + step_base[a].abs() + step_base[b].abs())
             if not (top.isnan() or bool(logits[b] >= top - slack)):
                 return f"{at}: argmax token {b}, not {a}"
     differ, compared = int(differ), int(compared)
