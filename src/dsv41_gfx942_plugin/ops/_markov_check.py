@@ -46,7 +46,7 @@ GROUP = 4
 # The share of compared cached values that may differ (the issue's bound; measured 0-2e-4).
 MAX_DIFFER = 1e-3
 # The compared rows' temperatures when they are made live for a sampled configuration's first
-# comparison from inert rows (:func:`first_step`): sampled rows below and above 1, and a greedy
+# comparison (:func:`first_step`): sampled rows below and above 1, and a greedy
 # request among them (an argmax whose logits are cached). Fewer compared rows than these take
 # several rounds, so that each reaches a row (:func:`_probe_rounds`).
 PROBE_TEMPERATURES = (1.0, 0.6, 0.0, 1.7)
@@ -180,10 +180,10 @@ def _probe_rounds(rows: int) -> list[tuple[float, ...]]:
 
 
 @contextlib.contextmanager
-def _live(spec, num_reqs: int, n_spec: int, sel: torch.Tensor, temps=None):
+def _live(spec, num_reqs: int, n_spec: int, sel: torch.Tensor, temps: tuple[float, ...]):
     """The rows ``sel`` live for the duration, every other row inert (a row left live could
     share a slot with a compared row's): each its own request slot, with the temperatures
-    ``temps`` (one a row; by default PROBE_TEMPERATURES in turn), a seed and positions of its
+    ``temps`` (one a row: a round of :func:`_probe_rounds`), a seed and positions of its
     own; every value this changes, and the slots' cached logits, restored after."""
     num_sample = num_reqs * n_spec
     idx_map = spec.sample_idx_mapping[:num_sample].view(num_reqs, n_spec)
@@ -194,8 +194,6 @@ def _live(spec, num_reqs: int, n_spec: int, sel: torch.Tensor, temps=None):
         idx_map.fill_(-1)
         idx_map[sel] = sel[:, None].to(idx_map.dtype)
         pos[sel] = 4097 + torch.arange(n_spec, device=pos.device, dtype=pos.dtype)
-        if temps is None:
-            temps = _probe_rounds(sel.numel())[0]
         spec.temperature[sel] = torch.tensor(temps, device=sel.device, dtype=spec.temperature.dtype)
         spec.seeds[sel] = (20261204 + 7919 * sel).to(spec.seeds.dtype)
         yield
