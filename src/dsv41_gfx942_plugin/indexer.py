@@ -302,10 +302,11 @@ MIN_COMPARED = 2048
 
 def _cand_variant(q, kv_cache, seq_lens, compress_ratio: int) -> tuple:
     """What the candidate-logits kernel is compiled for (heads, page size, 1-D or 2-D lengths;
-    vLLM's reader layers differ in page size), the rows a request (``next_n``: vLLM hands
-    AITER's dense kernel other lengths for 2 than for 1) and the compress ratio (at 2 the
+    vLLM's reader layers differ in page size; q's FP8 dtype, as which the kernel and AITER's
+    read the keys: the hook takes e4m3fnuz and e4m3fn), the rows a request (``next_n``: vLLM
+    hands AITER's dense kernel other lengths for 2 than for 1) and the compress ratio (at 2 the
     builder's row lengths can end past the dense kernel's): each is compared with vLLM's once."""
-    return q.shape[-2], kv_cache.shape[1], seq_lens.dim(), q.shape[1], compress_ratio
+    return q.shape[-2], kv_cache.shape[1], seq_lens.dim(), q.shape[1], compress_ratio, q.dtype
 
 
 def _cand_probe(layer, decode, q, kv_cache, variant: tuple) -> bool:
@@ -345,8 +346,8 @@ def _cand_probe(layer, decode, q, kv_cache, variant: tuple) -> bool:
                         compared, variant)  # fmt: skip
         else:
             logger.info("dsv41_gfx942: candidate logits equal vLLM's dense logits at %d candidate "
-                        "columns (heads, page size, length dims, next_n, compress ratio: %s); the "
-                        "hook serves them",
+                        "columns (heads, page size, length dims, next_n, compress ratio, q "
+                        "dtype: %s); the hook serves them",
                         live_n, variant)  # fmt: skip
         verdict.append(not differ_n and compared >= MIN_COMPARED)
         return verdict[0]
