@@ -1041,3 +1041,54 @@ def test_candidate_logits_nan_where_vllms_are_nan_serve(vllm_env, monkeypatch):
     assert vllm_env.calls == [*PROBE, "hook:candidate_logits_top_k"]
     assert nan_compared == [True]
     assert indexer._cand_verdict == {"compared": True} and indexer._off == {}
+
+
+def _shuffled_select(logits, next_n, seq_lens, block_size, candidates) -> bool:
+    """The selection hook's contract with its freedom used: vLLM's set of blocks a row, in a
+    shuffled order (-1s among them), as the plugin's kernel may write them."""
+    ref.select_candidates(logits, next_n, seq_lens, block_size, candidates)
+    g = torch.Generator().manual_seed(5)
+    rows = logits.shape[0]
+    order = torch.stack([torch.randperm(candidates.shape[1], generator=g) for _ in range(rows)])
+    candidates[:rows] = candidates[:rows].gather(1, order)
+    return True
+
+
+@pytest.mark.parametrize("case", ["dspark_flat", "mtp_2d"])
+@pytest.mark.parametrize("declines", ["select", "reader", "candidate logits"])
+def test_writer_feeds_readers_whichever_side_declines(vllm_env, monkeypatch, case, declines):
+    """Layer 20 then a reader over one candidate buffer, as in the model: whichever of the
+    writer's selection or the reader's hooks declines (vLLM's op writes or reads the
+    candidates in its place), the reader gets the index sets of vLLM's writer and reader. The
+    taking selection writes its blocks in shuffled order, which readers must not depend on."""
+    seq, decode_lens, padded, n_dec, q = make_step(case)
+    meta = metadata(seq, decode_lens, padded, n_dec)
+    writer, reader = make_layer(vllm_env, "writer", n_dec), make_layer(vllm_env, "reader", n_dec)
+    vwriter, vreader = make_layer(vllm_env, "writer", n_dec), make_layer(vllm_env, "reader", n_dec)
+    reader.candidate_blocks, vreader.candidate_blocks = (
+        writer.candidate_blocks,
+        vwriter.candidate_blocks,
+    )
+    install_hooks(monkeypatch, vllm_env, take=True)
+    select = vllm_env.spy("hook:select_candidates", _shuffled_select)
+    no = lambda *a, **k: False  # noqa: E731
+    if declines == "select":
+        select = no
+    else:
+        monkeypatch.setattr(topk, "candidate_logits_top_k", no)
+        if declines == "reader":
+            monkeypatch.setattr(topk, "candidate_top_k", no)
+    monkeypatch.setattr(topk, "select_candidates", select)
+    for layer in (vwriter, vreader):
+        run(vllm_env, layer, meta, q, n_dec, plugin=False)
+    vllm_env.calls.clear()
+    for layer in (writer, reader):
+        run(vllm_env, layer, meta, q, n_dec)
+    for r in range(n_dec):  # the writer's blocks as sets, then the readers' index sets
+        assert set(writer.candidate_blocks[r].tolist()) == set(vwriter.candidate_blocks[r].tolist())
+    assert_same_rows(reader.topk_indices_buffer[:n_dec], vreader.topk_indices_buffer[:n_dec])
+    by_vllm = {"select": "vllm:select", "reader": "vllm:mask", "candidate logits": ""}[declines]
+    assert not by_vllm or by_vllm in vllm_env.calls
+    taken = {"select": "hook:candidate_logits_top_k", "reader": "hook:select_candidates",
+             "candidate logits": "hook:candidate_top_k"}[declines]  # fmt: skip
+    assert taken in vllm_env.calls
