@@ -150,6 +150,79 @@ def test_many_vocabulary_blocks(greedy, fp64, vocab, monkeypatch):
     assert stats.tokens_equal == stats.tokens
 
 
+@pytest.mark.parametrize("from_anchor", [True, False], ids=["anchor-first", "bonus-first"])
+def test_a_replay_in_the_state_vllms_prepare_kernel_leaves(from_anchor):
+    """The sampling state as vLLM's own ``prepare_dflash_inputs`` writes it before a FULL graph's
+    replay of 6 rows: 4 requests in their request slots (one a prefill chunk, its anchor the
+    next prompt token), then the graph's 2 padded rows (request -1, position 0, anchor token 0);
+    anchors every N query tokens (DSpark's anchor-first layout) or every 1 + N (the
+    speculators checkpoints' layout). The fused step is vLLM's loop's."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    from vllm.v1.worker.gpu.input_batch import InputBuffers
+    from vllm.v1.worker.gpu.spec_decode.dflash.speculator import prepare_dflash_inputs
+
+    n_spec, graph_rows, rows, slots, vocab = 3, 6, 4, 8, 333
+    nq = n_spec if from_anchor else n_spec + 1
+    spec, hidden = R.make_case(
+        vocab=vocab, rows=graph_rows, n_spec=n_spec, max_num_reqs=slots, seed=93
+    )
+    spec.num_query_per_req = nq
+    spec._anchor_idx = torch.arange(slots) * nq
+    spec.input_buffers = InputBuffers(slots, 64, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(94)
+    # Three verified drafts of 3 and a prefill chunk of 3 tokens, at their positions.
+    starts = (100, 7, 50, 20)
+    batch = SimpleNamespace(
+        num_reqs=rows,
+        num_scheduled_tokens=np.array([4, 4, 4, 3], dtype=np.int32),
+        positions=torch.cat([s + torch.arange(4) for s in starts])[:15],
+        query_start_loc=torch.tensor([0, 4, 8, 12, 15], dtype=torch.int32),
+        idx_mapping=torch.tensor([5, 0, 7, 2]),
+    )
+    temps = torch.tensor([0.0, 0.9, 1.3, 0.5, 0.8, 0.7, 0.6, 1.0])  # slots 0, 2, 5, 7: 0 to 1.3
+    prepare_dflash_inputs(
+        spec.input_buffers,
+        torch.zeros(64, dtype=torch.int64),
+        torch.zeros(64, dtype=torch.int64),
+        torch.zeros(64, dtype=torch.int64),
+        spec.sample_indices,
+        spec.sample_pos,
+        spec.sample_idx_mapping,
+        spec.temperature,
+        spec.seeds,
+        batch,
+        torch.tensor([2, 1, 4, 0], dtype=torch.int32),  # tokens sampled (0: a prefill chunk)
+        torch.tensor([2, 3, 0, 0], dtype=torch.int32),  # drafts rejected
+        torch.randint(0, vocab, (slots, 1), generator=gen),
+        torch.randint(0, vocab, (1, slots), generator=gen).to(torch.int32),
+        temps,
+        torch.randint(-(2**63), 2**63 - 1, (slots,), generator=gen),
+        torch.arange(1, 1 + slots * 16, dtype=torch.int32).view(slots, 16),
+        16,
+        0,
+        1,
+        1,
+        vocab - 1,
+        nq,
+        n_spec,
+        slots,
+        64,
+        4096,
+        from_anchor,
+    )
+    idx = spec.sample_idx_mapping[: graph_rows * n_spec].view(graph_rows, n_spec)
+    assert idx[:rows, 0].tolist() == [5, 0, 7, 2] and (idx[rows:] == -1).all()
+    assert (spec.input_buffers.input_ids[spec._anchor_idx[rows:graph_rows]] == 0).all()
+    took, ref, out = R.run_both(spec, graph_rows, hidden, F.sample_sequential)
+    assert took
+    base = R.model_base(spec, graph_rows, hidden)
+    stats = R.check_rule(spec, graph_rows, base, R.model_bias_fn(spec), ref, out)
+    assert stats.tokens_equal == stats.tokens
+    assert torch.equal(ref["tokens"], out["tokens"])  # the rows past the graph's too
+
+
 def test_repeated_calls_share_clean_scratch():
     """The packed winners are reset by every call: later calls with other rows and seeds agree."""
     spec, hidden = R.make_case(vocab=900, rows=5, n_spec=4, max_num_reqs=8, seed=41)
