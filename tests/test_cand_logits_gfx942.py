@@ -79,7 +79,7 @@ def test_aiter_gives_the_layout_choice():
 
 @pytest.mark.parametrize("ratio2", [False, True])
 @pytest.mark.parametrize("heads", [32, 64])
-@pytest.mark.parametrize("page_size", [32, 64, 128])
+@pytest.mark.parametrize("page_size", cand_logits.AITER_PAGES)
 @pytest.mark.parametrize(("requests", "next_n", "context"), STEPS)
 def test_compact_rows_bit_identical_to_aiter(requests, next_n, context, heads, page_size, ratio2):
     case = gfx942_case(requests, next_n, context, heads, page_size, context + heads, ratio2)
