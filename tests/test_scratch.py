@@ -69,3 +69,22 @@ def test_a_reservation_that_fits_keeps_the_launched_buffer(scratch):
     assert scratch.reserve(0, 500) and held(scratch) == [1000]
     assert scratch.reserve(0, 3000)
     assert held(scratch) == [1000, 3000] and scratch._bufs[0][0] is launched
+
+
+def test_a_growth_without_memory_keeps_the_launched_buffer(scratch, monkeypatch):
+    """A growth that frees the reserved buffer and then finds no memory leaves no buffer
+    marked unlaunched: the next growth must not free the launched one (a graph may hold it)."""
+    launched = scratch.get(0, 1000)
+    assert scratch.reserve(0, 3000) and held(scratch) == [1000, 3000]
+    empty = torch.empty
+
+    def no_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("out of memory (test)")
+
+    monkeypatch.setattr(torch, "empty", no_memory)
+    with pytest.raises(torch.OutOfMemoryError):
+        scratch.get(0, 5000)
+    assert held(scratch) == [1000]
+    monkeypatch.setattr(torch, "empty", empty)
+    assert scratch.get(0, 5000).numel() == 5000
+    assert held(scratch) == [1000, 5000] and scratch._bufs[0][0] is launched

@@ -285,6 +285,10 @@ class Scratch:
             return None, False
         size = max(numel, 2 * bufs[-1].numel() if bufs else numel)
         if device in self._unlaunched:
-            bufs.pop()  # no launch, so no graph, has it: freed before the next is made
+            # No launch, so no graph, has it: freed before the next is made. Unmarked at once,
+            # so that an allocation below that fails leaves the launched buffer before it
+            # marked as launched (a later growth would free it).
+            bufs.pop()
+            self._unlaunched.discard(device)
         bufs.append(torch.empty(size, dtype=torch.int32, device=torch.device(self._type, device)))
         return bufs[-1], True
