@@ -677,10 +677,12 @@ def test_profile_run_reserves_the_top_k_scratch(vllm_env, monkeypatch, plugin_lo
     """vLLM's memory-profile run (no indexer metadata): beside vLLM's op, which reserves its
     decode logits for ``_max_decode_logits_rows`` rows, the layer reserves the decode
     top-512's scratch for as many rows of its width, so the profile counts it. A reservation
-    that fails is logged once (HIP's error reset) and the step is vLLM's all the same; with the
-    top-k off or its kernels not loaded, none; nor on a step with metadata (a prefill)."""
+    that fails is logged once (HIP's error reset; an out-of-memory message differs each time)
+    and the step is vLLM's all the same; with the top-k off or its kernels not loaded, none; nor
+    on a step with metadata (a prefill)."""
     from vllm.v1.attention.ops import rocm_aiter_mla_sparse as rocm
 
+    monkeypatch.setattr(indexer, "_reserve_warned", False)
     seq, decode_lens, padded, n_dec, q = make_step("mtp_2d")
     layer = make_layer(vllm_env, "plain", n_dec)
     layer.dsv41_topk = outcome != "top-k off"
@@ -697,7 +699,7 @@ def test_profile_run_reserves_the_top_k_scratch(vllm_env, monkeypatch, plugin_lo
     def reserve(rows, width, device):
         reserved.append((rows, width, device))
         if outcome == "out of memory":
-            raise torch.OutOfMemoryError("no room")
+            raise torch.OutOfMemoryError(f"no room ({len(reserved)} MiB free)")
         return True
 
     monkeypatch.setattr(topk, "reserve_decode_scratch", reserve)

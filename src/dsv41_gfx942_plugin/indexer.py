@@ -37,6 +37,7 @@ from ._log import logger
 from .ops import _launcher, topk
 
 _first_layer: int | None = None  # id() of the first layer to take a decode step
+_reserve_warned = False  # a top-k scratch reservation failed, and was warned, in this process
 _first_step_logged = False
 #: Layers built from the plugin's class in this process (none with vLLM's --monokernel or the
 #: MXFP4 indexer, whose classes bypass the patch): the speculator's log names the indexer path.
@@ -138,7 +139,9 @@ def _reserve_scratch(layer, hidden_states) -> None:
     its decode logits for ``_max_decode_logits_rows`` rows of the layer's width), reserve the
     decode top-512's scratch for as many rows, so that vLLM's profile counts it; not where the
     kernels did not load. Never raises: without it the scratch grows at the first step that
-    needs it, as before."""
+    needs it, as before. A failure is warned once a process (each layer's reservation may fail,
+    and an out-of-memory message differs each time)."""
+    global _reserve_warned
     if hidden_states.device.type != topk._GPU_TYPE:
         return
     try:
@@ -149,9 +152,10 @@ def _reserve_scratch(layer, hidden_states) -> None:
         topk.reserve_decode_scratch(rows, layer.max_model_len, hidden_states.device.index)
     except Exception as err:  # out of memory, or a vLLM that changed underneath
         _launcher.clear_last_error()
-        logger.warning_once("dsv41_gfx942: top-k scratch not reserved in vLLM's memory "
-                            "profile (%s); it grows at the first step that needs it",
-                            str(err))  # fmt: skip
+        if not _reserve_warned:
+            _reserve_warned = True
+            logger.warning("dsv41_gfx942: top-k scratch not reserved in vLLM's memory profile "
+                           "(%s); it grows at the first step that needs it", err)  # fmt: skip
 
 
 def _note_step(layer) -> None:
