@@ -29,6 +29,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 HEADS, DIM, WIDTH, CB = 4, 16, 8192, 8
+_REAL_CAND_HOOK = topk.candidate_logits_top_k  # imports the Gluon kernels at its first call
 TOTAL = 5 * WIDTH  # the layers' max_total_seq_len (vLLM's prefill bound): not their width
 PREFIX = "model.layers.{}.attn.indexer.k_cache"
 
@@ -818,6 +819,55 @@ def test_hook_that_raises_is_turned_off_and_vllm_runs(vllm_env, monkeypatch, plu
     assert cleared == [1]
     errors = [r for r in plugin_log.records if r.levelname == "ERROR"]
     assert len(errors) == 1 and "kernel bug" in errors[0].exc_text
+
+
+def test_a_triton_without_gluon_keeps_the_candidate_logits_off(vllm_env, monkeypatch,
+                                                               plugin_log):  # fmt: skip
+    """A Triton without ``triton.experimental.gluon`` (or whose Gluon API differs): the plugin
+    and its indexer import and build as before (the Gluon kernels are imported at the hook's
+    first call only); that call, the probe's, raises ImportError, which turns the hook off once
+    (one ERROR, the HIP error reset), and vLLM's dense logits serve, then and after."""
+    import sys
+
+    for name in ("cand_logits", "_cand_kernels", "_cand_layout"):
+        monkeypatch.delitem(sys.modules, f"dsv41_gfx942_plugin.ops.{name}", raising=False)
+    monkeypatch.setitem(sys.modules, "triton.experimental.gluon", None)  # import raises
+    monkeypatch.setattr(indexer, "_cand_verdict", {})
+    plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "reader", "mtp_2d")
+    install_hooks(monkeypatch, vllm_env, take=True)
+    hook = vllm_env.spy("hook:candidate_logits_top_k", _REAL_CAND_HOOK)
+    monkeypatch.setattr(topk, "candidate_logits_top_k", hook)
+    cleared = []
+    monkeypatch.setattr(indexer._launcher, "clear_last_error", lambda: cleared.append(1) or 0)
+    run(vllm_env, oracle_layer, meta, q, n, plugin=False)
+    for first in (True, False):
+        vllm_env.calls.clear()
+        run(vllm_env, plugin_layer, meta, q, n)
+        probe = ["hook:candidate_logits_top_k"] if first else []
+        assert vllm_env.calls == [*probe, "vllm:logits", "hook:candidate_top_k"]
+        assert_same_rows(plugin_layer.topk_indices_buffer[: meta.num_decode_tokens],
+                         oracle_layer.topk_indices_buffer[: meta.num_decode_tokens])  # fmt: skip
+    assert indexer._off == {"candidate_logits_top_k": "raised earlier in this process"}
+    errors = [r for r in plugin_log.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "triton.experimental.gluon" in errors[0].exc_text
+    assert cleared == [1]
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, SystemExit])
+def test_a_base_exception_in_a_hook_propagates(vllm_env, monkeypatch, error):
+    """Ctrl-C or a worker's exit inside a hook is no plugin bug to swallow: it reaches vLLM, and
+    the hook is not turned off."""
+    monkeypatch.setattr(indexer, "_off", {})
+    plugin_layer, _, meta, q, n = pair(vllm_env, "plain", "mtp_2d")
+    install_hooks(monkeypatch, vllm_env, take=True)
+
+    def stop(*args):
+        raise error()
+
+    monkeypatch.setattr(topk, "decode_top_k", stop)
+    with pytest.raises(error):
+        run(vllm_env, plugin_layer, meta, q, n)
+    assert indexer._off == {}
 
 
 def test_hook_out_of_memory_declines_and_tries_again(vllm_env, monkeypatch, plugin_log):

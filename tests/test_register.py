@@ -480,6 +480,18 @@ def test_register_reentered_while_registering_does_nothing(clean_plugin, fake_pl
     assert calls == ["registering"] and clean_plugin.status() == "active"
 
 
+@pytest.mark.parametrize("error", [KeyboardInterrupt, SystemExit])
+def test_register_lets_a_base_exception_through(clean_plugin, fake_platform, monkeypatch, error):
+    """register() swallows the plugin's errors, not Ctrl-C or an exit during start-up."""
+
+    def stop():
+        raise error()
+
+    monkeypatch.setattr(clean_plugin, "_register", stop)
+    with pytest.raises(error):
+        clean_plugin.register()
+
+
 def test_register_survives_a_failing_undo(clean_plugin, fake_platform, monkeypatch):
     """Registration fails and undoing it fails too: register() still returns."""
 

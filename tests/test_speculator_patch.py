@@ -130,6 +130,24 @@ def test_fused_path_that_raises_is_turned_off_and_vllm_runs(calls, monkeypatch, 
         "raised": 1, "raised earlier in this process": 1}  # fmt: skip
 
 
+@pytest.mark.parametrize("error", [KeyboardInterrupt, SystemExit])
+def test_a_base_exception_in_the_fused_path_propagates(calls, monkeypatch, error):
+    """Ctrl-C or a worker's exit inside the fused path reaches vLLM, which does not run its
+    loop; the fused path is not turned off."""
+    import dsv41_gfx942_plugin.speculator as speculator
+
+    monkeypatch.setattr(speculator, "_fused_failed", False)
+
+    def stop(spec, num_reqs, head_hidden):
+        raise error()
+
+    calls.fused.sample_sequential = stop
+    patched = make_sample_sequential(_original(calls))
+    with pytest.raises(error):
+        patched(_Spec(), 4, None)
+    assert calls.log == [] and not speculator._fused_failed
+
+
 def test_fused_path_out_of_memory_takes_vllms_loop_for_that_step(calls, monkeypatch, plugin_log):
     """Out of memory (vLLM's own draft logits raise it too) is no plugin bug: vLLM's loop runs
     that step, and the fused path serves the next."""
