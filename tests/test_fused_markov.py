@@ -665,8 +665,11 @@ def test_no_memory_for_the_scratch_takes_vllms_loop_this_step(
     monkeypatch, spy, plugin_log, clean_plugin
 ):
     """Allocating the scratch runs out of memory: this step is vLLM's (the same tokens and
-    cache), logged once, nothing launched, no configuration marked broken, and counted as vLLM's
-    loop; the next step, with memory, is fused, and counted as taken."""
+    cache), warned once as any fused step out of memory is, nothing launched, no configuration
+    marked broken, and counted as vLLM's loop; the next step, with memory, is fused, and counted
+    as taken."""
+    from dsv41_gfx942_plugin._log import MARKOV_OUT_OF_MEMORY
+
     spec, hidden = _base_case(seed=71)
     monkeypatch.setattr(F, "_buffers", {})
     real, failed = F._scratch, []
@@ -683,6 +686,8 @@ def test_no_memory_for_the_scratch_takes_vllms_loop_this_step(
     assert torch.equal(ref["tokens"], out["tokens"]) and torch.equal(ref["cache"], out["cache"])
     why = "no memory for the fused path's scratch"
     assert [r.levelname for r in plugin_log.records if why in r.getMessage()] == ["DEBUG"]
+    warned = [r.getMessage() for r in plugin_log.records if r.levelname == "WARNING"]
+    assert warned.count(MARKOV_OUT_OF_MEMORY) == 1
     loop = {"vLLM's loop from the base logits (out of memory)": 1}
     assert clean_plugin.stats()["fused_markov"] == {"taken": 0, "declined": 1, "reasons": loop}
     took, ref, out = R.run_both(spec, 3, hidden, F.sample_sequential)

@@ -371,6 +371,7 @@ def _from_base(spec, num_reqs: int, base: torch.Tensor, sample_hidden: torch.Ten
         # loop, which needs none of it, and the next tries again (so the handler below never
         # allocates).
         _log_once("no memory for the fused path's scratch")
+        logger.warning_once(MARKOV_OUT_OF_MEMORY)
         return _rest(spec, num_reqs, base, sample_hidden, "out of memory")
     base3 = base.view(num_reqs, n_spec, vocab)
     failed = None  # why vLLM's loop finishes the step, once the handler below has let go
