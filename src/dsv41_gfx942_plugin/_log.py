@@ -9,9 +9,16 @@ LOGGER_NAME = "vllm.plugins.dsv41_gfx942"
 
 logger = init_logger(LOGGER_NAME)
 
-#: Warned once a process (``warning_once`` keys on the text) wherever a fused Markov step runs out
+#: Warned once a process (:func:`warn_markov_out_of_memory`) wherever a fused Markov step runs out
 #: of GPU memory: before its base logits (speculator.py) or after them (ops/fused_markov.py).
 MARKOV_OUT_OF_MEMORY = (
     "dsv41_gfx942: out of GPU memory in a fused Markov step; that step takes vLLM's loop "
     "(logged once)"
 )
+
+
+def warn_markov_out_of_memory() -> None:
+    """Warn :data:`MARKOV_OUT_OF_MEMORY` once a process, on every rank: vLLM's ``warning_once``
+    logs only on each node's first rank unless told otherwise, and running out of GPU memory is
+    one rank's own condition."""
+    logger.warning_once(MARKOV_OUT_OF_MEMORY, scope="process")

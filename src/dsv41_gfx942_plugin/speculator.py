@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 
 from . import counters, envs
-from ._log import MARKOV_OUT_OF_MEMORY, logger
+from ._log import logger, warn_markov_out_of_memory
 from .ops import _launcher
 
 HOOK = counters.FUSED_MARKOV
@@ -63,7 +63,7 @@ def _fused(spec, num_reqs: int, head_hidden) -> bool:
             raise  # vLLM's own op or loop, past the step's base logits (counted by fused_markov)
         if isinstance(e, torch.OutOfMemoryError):
             counters.record(HOOK, False, "out of memory")
-            logger.warning_once(MARKOV_OUT_OF_MEMORY)
+            warn_markov_out_of_memory()
         else:
             _launcher.clear_last_error()  # else vLLM's loop, next, could raise the path's HIP error
             _fused_failed = True

@@ -37,7 +37,7 @@ import triton
 from vllm import envs as vllm_envs
 
 from .. import counters
-from .._log import MARKOV_OUT_OF_MEMORY, logger
+from .._log import logger, warn_markov_out_of_memory
 from . import _launcher, _markov_check
 from . import _markov_kernels as K
 
@@ -371,7 +371,7 @@ def _from_base(spec, num_reqs: int, base: torch.Tensor, sample_hidden: torch.Ten
         # loop, which needs none of it, and the next tries again (so the handler below never
         # allocates).
         _log_once("no memory for the fused path's scratch")
-        logger.warning_once(MARKOV_OUT_OF_MEMORY)
+        warn_markov_out_of_memory()
         return _rest(spec, num_reqs, base, sample_hidden, "out of memory")
     base3 = base.view(num_reqs, n_spec, vocab)
     failed = None  # why vLLM's loop finishes the step, once the handler below has let go
@@ -397,7 +397,7 @@ def _from_base(spec, num_reqs: int, base: torch.Tensor, sample_hidden: torch.Ten
     except torch.OutOfMemoryError:
         # The comparison's copies (or a launch) found no memory: no broken configuration. This
         # step is vLLM's loop from its base logits, and the next tries the fused path again.
-        logger.warning_once(MARKOV_OUT_OF_MEMORY)
+        warn_markov_out_of_memory()
         failed = "out of memory"
     except Exception as e:
         # A launch that raises has not run: Triton compiles a configuration at its first launch
