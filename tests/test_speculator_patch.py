@@ -92,6 +92,30 @@ def test_fused_path_serves_when_it_takes_the_step(calls):
     assert "fused_markov" not in dsv41_gfx942_plugin.stats()
 
 
+def test_log_names_the_fused_launches_once_they_served_a_step(calls, plugin_log):
+    """A step the fused path finished with vLLM's loop (its first comparison) is not served by
+    its launches: the INFO line waits for a step they served (counted taken)."""
+    from dsv41_gfx942_plugin import counters
+
+    def fused_step(taken):
+        def sample_sequential(*args):
+            reason = "" if taken else "compared with vLLM's loop"
+            counters.record(counters.FUSED_MARKOV, taken, reason)
+            return True  # the fused path did the step
+
+        calls.fused.sample_sequential = sample_sequential
+
+    patched = make_sample_sequential(_original(calls))
+    fused_step(taken=False)
+    patched(_Spec(), 4, None)
+    assert not [r for r in plugin_log.records if "served by" in r.getMessage()]
+    fused_step(taken=True)
+    patched(_Spec(), 4, None)
+    served = [r.getMessage() for r in plugin_log.records if "served by" in r.getMessage()]
+    assert len(served) == 1 and served[0].endswith("the plugin's fused Markov launches")
+    assert calls.log == []  # vLLM's original never ran
+
+
 def test_vllm_loop_when_fused_declines(calls):
     patched = make_sample_sequential(_original(calls))
     patched(_Spec(), 4, None)

@@ -38,6 +38,11 @@ def record(hook: str, taken: bool, reason: str = "") -> None:
         _declined[hook][reason or "declined"] += 1
 
 
+def taken(hook: str) -> int:
+    """How many times ``hook`` was taken in this process."""
+    return _taken[hook]
+
+
 def stats() -> dict[str, dict]:
     """{hook: {"taken": n, "declined": n, "reasons": {reason: n}}} for this process."""
     hooks = set(_taken) | set(_declined)

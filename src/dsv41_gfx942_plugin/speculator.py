@@ -92,9 +92,13 @@ def make_sample_sequential(original: Callable) -> Callable:
             counters.record(HOOK, False, "DSV41_GFX942_FUSED_MARKOV=0")
         elif _fused_failed:
             counters.record(HOOK, False, "raised earlier in this process")
-        elif _fused(self, num_reqs, head_hidden):
-            _served_by("the plugin's fused Markov launches")
-            return None
+        else:
+            launched = counters.taken(HOOK)
+            if _fused(self, num_reqs, head_hidden):
+                # Not a step the fused path finished with vLLM's loop (its first comparison)
+                if counters.taken(HOOK) > launched:
+                    _served_by("the plugin's fused Markov launches")
+                return None
         _served_by("vLLM's loop")
         return original(self, num_reqs, head_hidden)
 
