@@ -15,10 +15,21 @@ if not torch.cuda.is_available():
 pytest.importorskip("vllm")
 
 import indexer_step as harness  # noqa: E402
-from dsv41_gfx942_plugin.ops import topk  # noqa: E402
+from dsv41_gfx942_plugin.ops import _launcher, topk  # noqa: E402
 
-if not topk.build():
-    pytest.skip("no loadable top-k code object for this GPU", allow_module_level=True)
+if not (_launcher.KERNEL_DIR / f"topk512.{_launcher.code_object_arch()}.co").is_file():
+    pytest.skip(
+        f"no top-k code object for {_launcher.code_object_arch()} under {_launcher.KERNEL_DIR} "
+        "(build it: python hip/build.py --arch sm_90)",
+        allow_module_level=True,
+    )
+
+
+@pytest.fixture(autouse=True)
+def _kernels_load():
+    """A code object that does not load, or fails its load-time check, fails each test (the
+    hooks would decline and the plugin's step would be vLLM's own), never skips it."""
+    assert topk.build(), "the top-k code object did not load or failed its load-time check"
 
 
 def assert_same_sets(got_layers, want_layers, rows):
