@@ -441,6 +441,20 @@ def test_reference_check_can_fail():
     ref.check_decode(nan, 1, torch.tensor([[1000]], dtype=torch.int32), top)
 
 
+@pytest.mark.parametrize("kind", ["specials", "denormals", "ties", "zeros", "masked", "all_ninf"])
+def test_reference_order_is_torch_topk(kind):
+    """ref_topk.order_key, the GPU and emulation tests' oracle, ranks as torch.topk does (vLLM's
+    contract): torch's own top-512 of each row passes the reference check, on rows with NaN of
+    both signs, +-inf, zeros of both signs around denormals, ties and -inf at the cut, and on a
+    stride and row ends short of the width."""
+    x = ref.make_logits(3, 3001, kind, seed=11, stride=3008)
+    seq = torch.tensor([[3001], [2000], [777]], dtype=torch.int32)
+    top = torch.full((3, 512), -1, dtype=torch.int32)
+    for r, end in enumerate(seq.flatten().tolist()):
+        top[r] = torch.topk(x[r, :end], 512).indices.int()
+    ref.check_decode(x, 1, seq, top, kind)
+
+
 def test_kernels_only_for_the_current_device(monkeypatch):
     from types import SimpleNamespace
 
