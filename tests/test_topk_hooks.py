@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import ref_indexer
 import ref_topk as ref
 from dsv41_gfx942_plugin.ops import _launcher, _topk_check, topk
 
@@ -453,6 +454,50 @@ def test_reference_order_is_torch_topk(kind):
     for r, end in enumerate(seq.flatten().tolist()):
         top[r] = torch.topk(x[r, :end], 512).indices.int()
     ref.check_decode(x, 1, seq, top, kind)
+
+
+def vllm_select_candidate_blocks():
+    """vLLM's own ``select_candidate_blocks`` (``_select_candidate_blocks``: its wrapper and
+    Triton kernels, run in the interpreter), less the wrapper's ``assert logits.is_cuda``."""
+    import inspect
+    import textwrap
+
+    import triton
+
+    if not triton.knobs.runtime.interpret:
+        pytest.skip(
+            "runs vLLM's Triton candidate selection in the interpreter (TRITON_INTERPRET=1)"
+        )
+    from vllm.model_executor.kernels.attention.dsa import candidate_blocks as cb
+
+    assert not cb.has_deep_select()  # the torch.topk branch, not NVIDIA's DeepSelect
+    src = textwrap.dedent(inspect.getsource(cb.select_candidate_blocks))
+    assert src.count("    assert logits.is_cuda\n") == 1
+    scope = dict(vars(cb))
+    exec(compile(src.replace("    assert logits.is_cuda\n", ""), cb.__file__, "exec"), scope)
+    return scope["select_candidate_blocks"]
+
+
+@pytest.mark.parametrize(("kind", "k"), [("specials", 64), ("ties", 64), ("masked", 40),
+                                         ("sparse_finite", 64), ("all_ninf", 64),
+                                         ("specials", 200)])  # fmt: skip
+def test_select_references_are_vllms_select(kind, k):
+    """The two transcriptions of vLLM's candidate block selection (``ref_indexer``'s, vLLM's
+    stand-in in the indexer tests, and ``ref_topk.check_select``, the emulation's and GPU's
+    oracle) against vLLM's real one on the CPU: the same block set a row (ties included, both
+    use torch.topk on the same scores), on strided rows with NaN of both signs (a block of NaN
+    only), +-inf, ties and -inf blocks, rows ending at 0, at and inside a block end, at and past
+    the width, K over the block count."""
+    x = ref.make_logits(6, 1001, kind, seed=13, stride=1008)
+    x[4, 16:24] = float("nan")
+    x[4, 40] = -float("nan")
+    ends = torch.tensor([1001, 504, 0, 9, 1000, 1010])
+    theirs = torch.full((6, k), -7, dtype=torch.int32)
+    vllm_select_candidate_blocks()(x, torch.zeros(6, dtype=torch.int64), ends, k, 8, theirs)
+    ours = torch.full((6, k), -7, dtype=torch.int32)  # its rows end within the width
+    ref_indexer.vllm_select_candidate_blocks(x, None, ends[:5], k, 8, ours[:5])
+    assert torch.equal(ours[:5].sort(1).values, theirs[:5].sort(1).values)
+    ref.check_select(x, 1, ends, 8, theirs, kind)
 
 
 def test_kernels_only_for_the_current_device(monkeypatch):
