@@ -100,6 +100,27 @@ def test_matches_vllm_loop(vocab, rank, rows, steps, greedy, fp64, seed, monkeyp
     assert verify.launches == (steps if rows > 16 and not (greedy or fp64) else 0)
 
 
+@pytest.mark.parametrize(("greedy", "fp64"), [(False, False), (True, False), (False, True)])
+def test_transcribed_loop_is_vllms_loop(greedy, fp64):
+    """``ref_markov.transcribed_loop``, vLLM's loop on the GPU test machine (where the speculator
+    cannot be imported), is vLLM's real ``_sample_sequential`` here: the same tokens and cached
+    logits bit for bit, from the same state (ties, -inf, a row of -inf, inert rows, temperature
+    0 to 2), for greedy and sampled drafts, fp32 and fp64 noise."""
+    spec, hidden = R.make_case(vocab=1000, rows=5, n_spec=4, greedy=greedy, fp64=fp64, seed=61)
+    head = spec.model.model.markov_head
+    start = R.snapshot(spec)
+    R.vllm_sample_sequential()(spec, 5, hidden)
+    ref = R.snapshot(spec)
+    R._restore(spec, start)
+    base3 = R.model_base(spec, 5, hidden)
+    R.transcribed_loop(spec, 5, base3, head.markov_w1.weight, head.markov_w2.weight)
+    out = R.snapshot(spec)
+    assert not torch.equal(ref["tokens"], start["tokens"])
+    assert torch.equal(out["tokens"], ref["tokens"])
+    if not greedy:
+        assert torch.equal(out["cache"].view(torch.int16), ref["cache"].view(torch.int16))
+
+
 def test_temperatures_and_inert_rows():
     """Every temperature, all rows inert (as during vLLM's CUDA graph capture), then all live."""
     for inert, temps in ((1.0, (1.0,)), (0.0, (0.3,)), (0.0, (2.0,)), (0.0, (0.0,))):
