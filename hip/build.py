@@ -313,11 +313,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--out", type=Path, default=HIP_DIR.parent / "src/dsv41_gfx942_plugin/_kernels"
     )
-    parser.add_argument("--require", action="store_true", help="a missing compiler is an error")
+    hint = f"a missing compiler is an error ({REQUIRE_ENV}=1 does the same)"
+    parser.add_argument("--require", action="store_true", help=hint)
     args = parser.parse_args(argv)
     try:
+        require = args.require or _required()
         for arch in args.arch or list(SHIPPED_ARCHS):
-            build(arch, args.out, require=args.require)
+            build(arch, args.out, require=require)
     except BuildError as exc:
         _log(str(exc))
         return 1

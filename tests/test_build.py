@@ -76,6 +76,15 @@ def test_build_package_reads_the_require_variable(tmp_path, monkeypatch, one_ker
         one_kernel.build_package(tmp_path / "pkg")
 
 
+@pytest.mark.parametrize("raw,code", [("1", 1), ("0", 0), ("2", 1)])
+def test_command_reads_the_require_variable(tmp_path, monkeypatch, one_kernel, raw, code):
+    """`python hip/build.py` without --require fails without a compiler where the variable asks
+    it to (or cannot be read), as the wheel build does."""
+    monkeypatch.setattr(one_kernel, "find_compiler", lambda arch: None)
+    monkeypatch.setenv(one_kernel.REQUIRE_ENV, raw)
+    assert one_kernel.main(["--arch", "gfx942", "--out", str(tmp_path / "out")]) == code
+
+
 def test_unknown_arch_is_refused(tmp_path, hip_build):
     with pytest.raises(ValueError, match="gfx90a"):
         hip_build.build("gfx90a", tmp_path)
