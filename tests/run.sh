@@ -13,7 +13,8 @@
 #     shipped code object, and the wheel tested is the one left to publish);
 #  4. ruff (lint + format check), then pytest (15 minutes a test at most). GPU-only and
 #     gfx942-only tests skip on a CPU.
-# DSV41_GFX942_REQUIRE_HIP=1 makes a missing HIP compiler a build error (CI sets it).
+# DSV41_GFX942_REQUIRE_HIP=1 makes a missing HIP compiler a build error (CI sets it; so does
+# this script where the environment's torch is a ROCm build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -65,16 +66,24 @@ elif ! cached_venv_ok; then
   "$PY" -m pip install -q --upgrade pip
   "$PY" -m pip install -q --no-cache-dir "vllm==0.33.0"  # 9 GB: no second copy in pip's cache
 fi
-"$PY" -m pip install -q "pytest>=8" "pytest-timeout>=2.3" "ruff>=0.6"
+# ruff pinned: another release formats or lints this tree otherwise, and an environment's own
+# older (or newer) ruff would stop the script here, before any test.
+"$PY" -m pip install -q "pytest>=8" "pytest-timeout>=2.3" "ruff==0.17.6"
 
 echo "== building and installing the plugin wheel (left in dist/, the wheel a CI publishes)"
+if [ -z "${DSV41_GFX942_REQUIRE_HIP:-}" ] &&
+  "$PY" -c "import sys, torch; sys.exit(0 if torch.version.hip else 1)" 2>/dev/null; then
+  # A ROCm torch (an MI300X's environment): a wheel without the gfx942 code object would let
+  # every GPU top-k and indexer test skip ("no top-k code object"); fail the build instead.
+  export DSV41_GFX942_REQUIRE_HIP=1
+fi
 rm -f dist/dsv41_gfx942_plugin-*.whl
 "$PY" -m pip wheel -q --no-deps -w dist .
 "$PY" -m pip install -q --no-deps --force-reinstall dist/dsv41_gfx942_plugin-*.whl
 
 echo "== ruff"
-"$VENV/bin/ruff" check .
-"$VENV/bin/ruff" format --check .
+"$PY" -m ruff check .  # through the environment's python: a system one's scripts are elsewhere
+"$PY" -m ruff format --check .
 
 echo "== pytest"
 if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then

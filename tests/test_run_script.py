@@ -1,0 +1,73 @@
+"""tests/run.sh with ``DSV41_TEST_VENV`` (README: an MI300X's one command), run on a copy of the
+script against a stand-in environment whose ``python`` records each call and answers as a ROCm
+or CUDA torch would: the steps it runs, and the environment the wheel is built in."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The stand-in environment's python: every call logged with the build's requirement switch; the
+# vLLM check (a script on stdin) passes; "-c" scripts asking for torch.version.hip answer
+# FAKE_HIP, others (torch.cuda.is_available) say yes; "pip wheel" leaves a wheel in dist/.
+FAKE_PYTHON = """#!/bin/bash
+echo "$* | REQUIRE=${DSV41_GFX942_REQUIRE_HIP-unset}" >> "$FAKE_LOG"
+case "$1" in
+  -) cat > /dev/null ;;
+  -c) case "$2" in *version.hip*) [ "$FAKE_HIP" = 1 ]; exit ;; esac ;;
+  -m) if [ "$2 $3" = "pip wheel" ]; then
+        mkdir -p dist && touch dist/dsv41_gfx942_plugin-0.1.0-py3-none-any.whl
+      fi ;;
+esac
+exit 0
+"""
+
+
+def _executable(path: Path, text: str) -> None:
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+@pytest.mark.skipif(shutil.which("python3") is None, reason="run.sh asks python3 for hip/build.py")
+@pytest.mark.parametrize("hip", [True, False], ids=["rocm-torch", "cuda-torch"])
+def test_user_environment(tmp_path, hip):
+    """A ROCm torch builds the wheel with a HIP compiler required (a wheel without the gfx942
+    code object would let the GPU top-k and indexer tests skip on an MI300X); a CUDA or CPU torch
+    as before. ruff runs through the environment's python (a system environment's scripts are
+    not in its ``bin``), pinned; the extra arguments reach pytest."""
+    tree = tmp_path / "tree"
+    (tree / "tests").mkdir(parents=True)
+    (tree / "hip").mkdir()
+    shutil.copy(ROOT / "tests/run.sh", tree / "tests/run.sh")
+    shutil.copy(ROOT / "hip/build.py", tree / "hip/build.py")
+    env_dir, tools = tmp_path / "env", tmp_path / "tools"
+    (env_dir / "bin").mkdir(parents=True)
+    tools.mkdir()
+    _executable(env_dir / "bin/python", FAKE_PYTHON)
+    _executable(tools / "hipcc", "#!/bin/sh\nexit 0\n")  # ROCm's compiler is found: no apt-get
+    log = tmp_path / "calls.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DSV41_")}
+    env.update(
+        DSV41_TEST_VENV=str(env_dir), FAKE_LOG=str(log), FAKE_HIP=str(int(hip)),
+        PATH=f"{tools}{os.pathsep}{env['PATH']}",
+    )  # fmt: skip
+    done = subprocess.run(
+        ["bash", str(tree / "tests/run.sh"), "-m", "gpu or gfx942"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    calls = log.read_text().splitlines()
+    [wheel] = [c for c in calls if c.startswith("-m pip wheel")]
+    assert wheel.endswith("REQUIRE=1" if hip else "REQUIRE=unset")
+    [tools_install] = [c for c in calls if c.startswith("-m pip install") and "ruff" in c]
+    assert "ruff==" in tools_install
+    assert any(c.startswith("-m ruff check .") for c in calls)
+    assert any(c.startswith("-m ruff format --check .") for c in calls)
+    assert calls[-1].startswith("-m pytest") and "-m gpu or gfx942 |" in calls[-1]
