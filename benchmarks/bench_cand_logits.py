@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from _timing import mean_us, require_gpu, summary, use_checkout
+from _timing import mean_us, require_gpu, require_topk_kernels, summary, use_checkout
 
 use_checkout()
 from dsv41_gfx942_plugin.ops import cand_logits  # noqa: E402
@@ -62,9 +62,15 @@ def twin_ratio(rows, context, heads, page_size, iters):
 
 
 def gfx942_ratio(rows, context, heads, page_size, iters):
-    from aiter.ops.triton.attention.pa_mqa_logits import deepgemm_fp8_paged_mqa_logits
-    from vllm.v1.attention.ops.rocm_aiter_mla_sparse import _apply_candidate_mask_strided
+    from vllm.v1.attention.ops.rocm_aiter_mla_sparse import (
+        _apply_candidate_mask_strided,
+        paged_mqa_logits_module,
+    )
 
+    aiter = paged_mqa_logits_module()  # AITER's module where vLLM 0.33 finds it (either path)
+    if aiter is None:
+        raise SystemExit("bench_cand_logits.py: vLLM finds no AITER paged-MQA logits module")
+    deepgemm_fp8_paged_mqa_logits = aiter.deepgemm_fp8_paged_mqa_logits
     q, cache, weights, seq_lens, table, cand = make_step(
         rows, context, heads, page_size, torch.float8_e4m3fnuz
     )
@@ -105,6 +111,8 @@ def main() -> None:
     arch = torch.cuda.get_device_properties(0)
     name = getattr(arch, "gcnArchName", "") or torch.cuda.get_device_name(0)
     on_gfx942 = torch.version.hip is not None and name.startswith("gfx942")
+    if on_gfx942:  # the hook ends with the compact top-512: its code object must load
+        require_topk_kernels("bench_cand_logits.py")
     measure = gfx942_ratio if on_gfx942 else twin_ratio
     results = []
     for context in (int(c) for c in args.contexts.split(",")):

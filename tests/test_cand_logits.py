@@ -671,12 +671,24 @@ def amdgcn_summary(asm: str) -> dict:
     return out
 
 
+def aiter_dense_module():
+    """AITER's paged-MQA logits module (its dense kernel, ``deepgemm_fp8_paged_mqa_logits``) as
+    vLLM 0.33 finds it, or None: ``paged_mqa_logits_module`` looks at AITER's older path
+    ``aiter.ops.triton.pa_mqa_logits`` first, then ``aiter.ops.triton.attention.pa_mqa_logits``
+    (where AITER moved it in 2026-01), and checks the parameters it calls it with."""
+    from vllm.v1.attention.ops.rocm_aiter_mla_sparse import paged_mqa_logits_module
+
+    return paged_mqa_logits_module()
+
+
 def _aiter_dense_summaries() -> dict:
     """Where AITER is importable (a gfx942 machine): its dense kernel compiled now, as vLLM
     asks for it (padded mode: vLLM's page stride is a multiple of 16 bytes)."""
     if not _cand_layout.FROM_AITER:
         return {}
-    from aiter.ops.triton.attention import pa_mqa_logits as aiter_logits
+    aiter_logits = aiter_dense_module()
+    if aiter_logits is None:
+        return {}
 
     out = {}
     for heads in (32, 64):
@@ -785,6 +797,38 @@ def test_layout_choice_is_aiters(monkeypatch):
     assert _cand_layout.own_use_2d_instr_shape() is False
     monkeypatch.setattr(_cand_layout.gl.amd, "AMDMFMALayout", lambda **kw: kw)
     assert _cand_layout.own_use_2d_instr_shape() is True
+
+
+@pytest.mark.parametrize("path", ["aiter.ops.triton.pa_mqa_logits",
+                                  "aiter.ops.triton.attention.pa_mqa_logits"])  # fmt: skip
+def test_gfx942_tests_take_aiter_where_vllm_finds_it(monkeypatch, path):
+    """The gfx942 tests' AITER dense kernel (tests/test_cand_logits_gfx942.py) is the one vLLM
+    0.33 calls, at either of AITER's paths (its older one, which vLLM looks at first, before the
+    2026-01 move into ``attention/``), on a gfx942 as vLLM's module sees it."""
+    import importlib.machinery
+
+    from vllm.v1.attention.ops import rocm_aiter_mla_sparse as rocm
+
+    import test_cand_logits_gfx942 as gfx942
+
+    def kernel(*args, ChunkK, Preshuffle, KVBlockSize, WavePerEU):  # vLLM's required parameters
+        raise AssertionError("not called here")
+
+    parts = path.split(".")
+    for i in range(1, len(parts) + 1):
+        name = ".".join(parts[:i])
+        module = types.ModuleType(name)
+        module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=i < len(parts))
+        if i < len(parts):
+            module.__path__ = []  # a package holding nothing else
+        monkeypatch.setitem(sys.modules, name, module)
+    sys.modules[path].deepgemm_fp8_paged_mqa_logits = kernel
+    monkeypatch.setattr(rocm, "_ON_GFX942", True)
+    rocm.paged_mqa_logits_module.cache_clear()
+    try:
+        assert gfx942.aiter_dense_kernel() is kernel
+    finally:
+        rocm.paged_mqa_logits_module.cache_clear()
 
 
 def test_aiter_module_taken_only_with_both_names(monkeypatch):

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from dsv41_gfx942_plugin.ops import _cand_layout, cand_logits
-from test_cand_logits import make_case, run_candidate_logits
+from test_cand_logits import aiter_dense_module, make_case, run_candidate_logits
 
 
 def _on_gfx942() -> bool:
@@ -37,10 +37,19 @@ pytestmark = [
 STEPS = [(1, 1, 4096), (3, 2, 16384), (6, 1, 65536), (3, 2, 131072), (1, 2, 131072)]
 
 
+def aiter_dense_kernel():
+    """AITER's dense kernel from the module vLLM 0.33 takes it from (either of AITER's paths)."""
+    module = aiter_dense_module()
+    assert module is not None, (
+        "vLLM finds no AITER paged-MQA logits module with the gfx942 API "
+        "(vllm.v1.attention.ops.rocm_aiter_mla_sparse.paged_mqa_logits_module)"
+    )
+    return module.deepgemm_fp8_paged_mqa_logits
+
+
 def aiter_dense_logits(case, max_model_len: int) -> torch.Tensor:
     """AITER's dense logits exactly as vLLM 0.33's rocm_fp8_paged_mqa_logits asks for them."""
-    from aiter.ops.triton.attention.pa_mqa_logits import deepgemm_fp8_paged_mqa_logits
-
+    deepgemm_fp8_paged_mqa_logits = aiter_dense_kernel()
     rows = case.candidates.shape[0]
     out = torch.full((rows, max_model_len), float("nan"), device=case.q.device)
     lens = case.seq_lens
