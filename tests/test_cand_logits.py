@@ -1005,7 +1005,8 @@ def test_hook_end_to_end_on_the_twin():
     from dsv41_gfx942_plugin.ops import _launcher, topk
 
     if not (_launcher.KERNEL_DIR / f"topk512.{_launcher.code_object_arch()}.co").is_file():
-        pytest.skip("no top-k code object for this GPU (python hip/build.py --arch sm_90)")
+        arch = _launcher.code_object_arch()
+        pytest.skip(f"no top-k code object for {arch} (python hip/build.py --arch {arch})")
     # One that does not load or fails its load-time check fails here, never skips.
     assert topk.build(), "the top-k code object did not load or failed its load-time check"
     case = make_case(

@@ -20,7 +20,7 @@ from dsv41_gfx942_plugin.ops import _launcher, topk  # noqa: E402
 if not (_launcher.KERNEL_DIR / f"topk512.{_launcher.code_object_arch()}.co").is_file():
     pytest.skip(
         f"no top-k code object for {_launcher.code_object_arch()} under {_launcher.KERNEL_DIR} "
-        "(build it: python hip/build.py --arch sm_90)",
+        f"(build it: python hip/build.py --arch {_launcher.code_object_arch()})",
         allow_module_level=True,
     )
 

@@ -21,7 +21,8 @@ from dsv41_gfx942_plugin.ops import _launcher, _topk_check, topk  # noqa: E402
 if not (_launcher.KERNEL_DIR / f"topk512.{_launcher.code_object_arch()}.co").is_file():
     pytest.skip(
         f"no top-k code object for {_launcher.code_object_arch()} under "
-        f"{_launcher.KERNEL_DIR} (build it: python hip/build.py --arch sm_90)",
+        f"{_launcher.KERNEL_DIR} (build it: python hip/build.py --arch "
+        f"{_launcher.code_object_arch()})",
         allow_module_level=True,
     )
 # A code object that does not load, or fails its load-time check, fails the test below (and
