@@ -29,6 +29,16 @@ from dsv41_gfx942_plugin.ops import _cand_kernels, _cand_layout, cand_logits
 
 CUDA = torch.cuda.is_available() and torch.version.hip is None
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs an NVIDIA GPU (the portable twin)")
+GFX942 = (
+    torch.cuda.is_available()
+    and torch.version.hip is not None
+    and torch.cuda.get_device_properties(0).gcnArchName.startswith("gfx942")
+)
+# Cases whose answer does not depend on the arithmetic's order run on whichever kernel the GPU
+# has: the twin on an NVIDIA GPU, the gfx942 kernel on an MI300X (`-m gpu` runs them there).
+needs_a_kernel = pytest.mark.skipif(
+    not (CUDA or GFX942), reason="needs an NVIDIA GPU (the twin) or a gfx942 GPU (its kernel)"
+)
 
 # --------------------------------------------------------------------------------------------
 # Reference: cache writer and float logits
@@ -968,11 +978,14 @@ def test_twin_on_the_indexer_probe_step():
 
 
 @pytest.mark.gpu
-@needs_cuda
-def test_twin_stale_block_ids_are_dead():
+@needs_a_kernel
+def test_stale_block_ids_are_dead():
     """Block ids far past every row (2**28 and more: their int32 position would wrap negative
     and look live) are dead, as the reference's int64 positions say."""
-    case = make_case(lens=[700, 65, 301], heads=32, page_size=64, blocks=40, device="cuda", seed=9)
+    case = make_case(
+        lens=[700, 65, 301], heads=32, page_size=64, blocks=40, fp8=cand_logits._fp8_dtype(),
+        device="cuda", seed=9,
+    )  # fmt: skip
     huge = torch.tensor([1 << 28, (1 << 28) + 1, 1 << 30, (1 << 31) - 1], dtype=torch.int32)
     stale = case.candidates[:, ::5]  # a view: the copy writes the candidates
     stale.copy_(huge[torch.arange(stale.numel()) % 4].view_as(stale))
@@ -982,15 +995,15 @@ def test_twin_stale_block_ids_are_dead():
 
 
 @pytest.mark.gpu
-@needs_cuda
-def test_twin_page_offsets_past_2gib():
+@needs_a_kernel
+def test_page_offsets_past_2gib():
     """Pages whose byte offset exceeds 2**31 (AITER once gave zero logits there)."""
     page_bytes = 64 * 132
     pad = (1 << 31) // 40 - page_bytes  # 40 pages span 2 GiB; 64 pages end near 3.4 GiB
     pad -= pad % 16
     case = make_case(
         lens=[1500, 900], next_n=1, heads=64, page_size=64, blocks=300, pad=pad, device="cuda",
-        min_page=40, extra_pages=0, seed=11,
+        min_page=40, extra_pages=0, fp8=cand_logits._fp8_dtype(), seed=11,
     )  # fmt: skip
     assert case.block_table[case.block_table < (1 << 30)].min().item() >= 41
     live = check_against_reference(case)
