@@ -18,8 +18,12 @@ def test_counts_and_reasons(clean_plugin):
         "h": {"taken": 1, "declined": 2, "reasons": {"too wide": 2}},
     }
     assert counters.summary() == "g 0/1, h 1/3"
-    counters.reset()  # forgets takes and declines alike
+    assert counters.last("h") == (False, "too wide") and counters.last("g") == (False, "declined")
+    counters.record("h", True, "ignored")
+    assert counters.last("h") == (True, "") and counters.last("f") is None
+    counters.reset()  # forgets takes, declines and the latest alike
     assert counters.stats() == {} and counters.summary() == "no hook has run"
+    assert counters.last("h") is None
 
 
 def _run(src: str) -> subprocess.CompletedProcess:

@@ -92,27 +92,40 @@ def test_fused_path_serves_when_it_takes_the_step(calls):
     assert "fused_markov" not in dsv41_gfx942_plugin.stats()
 
 
-def test_log_names_the_fused_launches_once_they_served_a_step(calls, plugin_log):
-    """A step the fused path finished with vLLM's loop (its first comparison) is not served by
-    its launches: the INFO line waits for a step they served (counted taken)."""
+@pytest.mark.parametrize(
+    ("first", "line"),
+    [
+        ("compared with vLLM's loop", None),  # a comparison step: which path serves is open
+        (None, "the plugin's fused Markov launches"),
+        ("vLLM's loop from the base logits (bf16 base logits)", "vLLM's loop"),
+    ],
+)
+def test_log_names_the_path_that_served_the_fused_paths_step(calls, plugin_log, first, line):
+    """A step the fused path did (and counted) is served by its launches (counted taken) or by
+    vLLM's loop from its base logits, which the INFO line names, but for a comparison step,
+    after which the next step's path is named."""
     from dsv41_gfx942_plugin import counters
 
-    def fused_step(taken):
+    def fused_step(reason):
         def sample_sequential(*args):
-            reason = "" if taken else "compared with vLLM's loop"
-            counters.record(counters.FUSED_MARKOV, taken, reason)
+            counters.record(counters.FUSED_MARKOV, reason is None, reason or "")
             return True  # the fused path did the step
 
         calls.fused.sample_sequential = sample_sequential
 
+    def served():
+        return [r.getMessage() for r in plugin_log.records if "served by" in r.getMessage()]
+
     patched = make_sample_sequential(_original(calls))
-    fused_step(taken=False)
+    fused_step(first)
     patched(_Spec(), 4, None)
-    assert not [r for r in plugin_log.records if "served by" in r.getMessage()]
-    fused_step(taken=True)
+    if line is None:
+        assert served() == []
+    else:
+        assert len(served()) == 1 and served()[0].endswith(line)
+    fused_step(None)
     patched(_Spec(), 4, None)
-    served = [r.getMessage() for r in plugin_log.records if "served by" in r.getMessage()]
-    assert len(served) == 1 and served[0].endswith("the plugin's fused Markov launches")
+    assert served()[-1].endswith("the plugin's fused Markov launches")
     assert calls.log == []  # vLLM's original never ran
 
 

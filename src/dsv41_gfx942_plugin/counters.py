@@ -19,9 +19,13 @@ from collections import Counter, defaultdict
 # (ops/fused_markov.py) the outcome of each step it did: its launches, or vLLM's loop from the
 # base logits it computed (and why).
 FUSED_MARKOV = "fused_markov"
+# The reason the fused path records for a step whose output is vLLM's loop because it compared
+# the two (its first steps): which path serves is not yet decided.
+COMPARED = "compared with vLLM's loop"
 
 _taken: Counter[str] = Counter()
 _declined: defaultdict[str, Counter[str]] = defaultdict(Counter)
+_last: dict[str, tuple[bool, str]] = {}
 _exit_log = False  # the exit summary is registered
 
 
@@ -36,11 +40,12 @@ def record(hook: str, taken: bool, reason: str = "") -> None:
         _taken[hook] += 1
     else:
         _declined[hook][reason or "declined"] += 1
+    _last[hook] = (taken, "" if taken else reason or "declined")
 
 
-def taken(hook: str) -> int:
-    """How many times ``hook`` was taken in this process."""
-    return _taken[hook]
+def last(hook: str) -> tuple[bool, str] | None:
+    """``hook``'s latest decision in this process: (taken, reason), or None before its first."""
+    return _last.get(hook)
 
 
 def stats() -> dict[str, dict]:
@@ -72,3 +77,4 @@ def reset() -> None:
     """Forget every count (tests)."""
     _taken.clear()
     _declined.clear()
+    _last.clear()

@@ -2,10 +2,10 @@
 
 It keeps vLLM's order and adds one step: the ``_draft_topk`` path (vLLM's), then the draft
 model's own ``sample_sequential`` hook (vLLM's; with ``--monokernel`` on gfx942 that is vLLM's
-in-tree fused path, which then serves and the plugin stands aside), then the plugin's fused
-Markov launches (``ops.fused_markov``), then vLLM's loop. When the fused path declines, vLLM's
-original runs whole; it asks the draft model's hook once more, which declines again having done
-nothing (one Python call, no kernel).
+in-tree fused path, which serves the steps it takes: sampled drafts of at most 8 requests), then
+the plugin's fused Markov launches (``ops.fused_markov``), then vLLM's loop. When the fused path
+declines, vLLM's original runs whole; it asks the draft model's hook once more, which declines
+again having done nothing (one Python call, no kernel).
 """
 
 from __future__ import annotations
@@ -92,13 +92,15 @@ def make_sample_sequential(original: Callable) -> Callable:
             counters.record(HOOK, False, "DSV41_GFX942_FUSED_MARKOV=0")
         elif _fused_failed:
             counters.record(HOOK, False, "raised earlier in this process")
-        else:
-            launched = counters.taken(HOOK)
-            if _fused(self, num_reqs, head_hidden):
-                # Not a step the fused path finished with vLLM's loop (its first comparison)
-                if counters.taken(HOOK) > launched:
-                    _served_by("the plugin's fused Markov launches")
-                return None
+        elif _fused(self, num_reqs, head_hidden):
+            # The step the fused path did (and counted): its launches, or vLLM's loop from its
+            # base logits, which on a comparison step leaves which path serves undecided.
+            taken, reason = counters.last(HOOK) or (False, "")
+            if taken:
+                _served_by("the plugin's fused Markov launches")
+            elif reason != counters.COMPARED:
+                _served_by("vLLM's loop")
+            return None
         _served_by("vLLM's loop")
         return original(self, num_reqs, head_hidden)
 

@@ -393,7 +393,7 @@ def _from_base(spec, num_reqs: int, base: torch.Tensor, sample_hidden: torch.Ten
                 _settled.add(key)
             if why is not None:
                 _off(why)
-            counters.record(counters.FUSED_MARKOV, False, "compared with vLLM's loop")  # its output
+            counters.record(counters.FUSED_MARKOV, False, counters.COMPARED)  # its output
     except torch.OutOfMemoryError:
         # The comparison's copies (or a launch) found no memory: no broken configuration. This
         # step is vLLM's loop from its base logits, and the next tries the fused path again.
