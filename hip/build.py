@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--require", action="store_true", help=hint)
     args = parser.parse_args(argv)
     try:
-        require = args.require or _required()
+        require = _required() or args.require  # the variable read first: a bad value fails
         for arch in args.arch or list(SHIPPED_ARCHS):
             build(arch, args.out, require=require)
     except BuildError as exc:

@@ -76,13 +76,16 @@ def test_build_package_reads_the_require_variable(tmp_path, monkeypatch, one_ker
         one_kernel.build_package(tmp_path / "pkg")
 
 
-@pytest.mark.parametrize("raw,code", [("1", 1), ("0", 0), ("2", 1)])
-def test_command_reads_the_require_variable(tmp_path, monkeypatch, one_kernel, raw, code):
-    """`python hip/build.py` without --require fails without a compiler where the variable asks
-    it to (or cannot be read), as the wheel build does."""
+@pytest.mark.parametrize(
+    "raw,flag,code", [("1", [], 1), ("0", [], 0), ("2", [], 1), ("0", ["--require"], 1),
+                      ("2", ["--require"], 1)],
+)  # fmt: skip
+def test_command_reads_the_require_variable(tmp_path, monkeypatch, one_kernel, raw, flag, code):
+    """`python hip/build.py` fails without a compiler where the variable or --require asks it
+    to, and where the variable cannot be read (with --require too), as the wheel build does."""
     monkeypatch.setattr(one_kernel, "find_compiler", lambda arch: None)
     monkeypatch.setenv(one_kernel.REQUIRE_ENV, raw)
-    assert one_kernel.main(["--arch", "gfx942", "--out", str(tmp_path / "out")]) == code
+    assert one_kernel.main(["--arch", "gfx942", "--out", str(tmp_path / "out"), *flag]) == code
 
 
 def test_unknown_arch_is_refused(tmp_path, hip_build):
