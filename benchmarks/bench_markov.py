@@ -52,7 +52,19 @@ import _markov_floors as floors  # noqa: E402
 import _markov_in_tree as in_tree  # noqa: E402
 from dsv41_gfx942_plugin.ops import fused_markov as F  # noqa: E402
 
-HBM_BYTES_PER_S = 4.8e12  # H200 peak
+# Peak HBM bandwidth by device name (the modelled floor's divisor); --hbm-tbps overrides. A GPU
+# not listed gets no modelled floor rather than the H200's.
+HBM_TBPS = {"H200": 4.8, "H100 80GB HBM3": 3.35, "H100": 3.35, "MI300X": 5.3, "MI325X": 6.0}
+
+
+def hbm_bytes_per_s(override: float | None) -> float | None:
+    if override:
+        return override * 1e12
+    name = torch.cuda.get_device_name()
+    for key, tbps in HBM_TBPS.items():
+        if key in name:
+            return tbps * 1e12
+    return None
 
 
 def make_state(rows: int, vocab: int, rank: int, n_spec: int, device="cuda", greedy=False):
@@ -126,9 +138,9 @@ def vllm_loop():
         return "torch op sequence", torch_loop
 
 
-def floor_us(rows: int, vocab: int, rank: int, n_spec: int, greedy: bool = False) -> float:
+def floor_us(rows, vocab, rank, n_spec, greedy=False, bytes_per_s=4.8e12) -> float:
     per_step = (vocab + 63) // 64 * 64 * rank * 2 + rows * vocab * 2 * (1 if greedy else 2)
-    return n_spec * per_step / HBM_BYTES_PER_S * 1e6
+    return n_spec * per_step / bytes_per_s * 1e6
 
 
 def main() -> None:
@@ -141,8 +153,13 @@ def main() -> None:
     ap.add_argument("--json", default="bench_markov.json")
     ap.add_argument("--sweep", default="", help="row counts for which to time other configurations")
     ap.add_argument("--greedy", action="store_true", help="greedy drafts (argmax, no cache)")
+    ap.add_argument("--hbm-tbps", type=float, default=None, help="peak HBM TB/s for the floor")
     args = ap.parse_args()
     require_gpu("bench_markov.py")
+    bw = hbm_bytes_per_s(args.hbm_tbps)
+    if bw is None:
+        raise SystemExit(f"bench_markov.py: no peak bandwidth known for "
+                         f"{torch.cuda.get_device_name()}; pass --hbm-tbps")
     name, loop = vllm_loop()
     results = []
     head = (
@@ -166,7 +183,7 @@ def main() -> None:
         r["fused_graph_us"] = mean_us(graphed(fused), args.iters)
         r["vllm_eager_us"] = mean_us(ref, args.iters)
         r["vllm_graph_us"] = mean_us(graphed(ref), args.iters)
-        r["floor_us"] = floor_us(rows, args.vocab, args.rank, args.steps, args.greedy)
+        r["floor_us"] = floor_us(rows, args.vocab, args.rank, args.steps, args.greedy, bw)
         r["stream_graph_us"] = r["noise_graph_us"] = r["fast_noise_graph_us"] = None
         if not args.greedy:
             stream, noise = floors.stream(spec, rows, base3, w2), floors.noise(spec, rows, base3)
@@ -199,6 +216,7 @@ def main() -> None:
         device=torch.cuda.get_device_name(),
         baseline=name,
         greedy=args.greedy,
+        hbm_bytes_per_s=bw,
         vocab=args.vocab,
         rank=args.rank,
         steps=args.steps,

@@ -39,6 +39,17 @@ from dsv41_gfx942_plugin.ops import topk  # noqa: E402
 DEV = "cuda"
 
 
+def taken(hook, name):
+    """``hook`` as a callable that fails loudly when the plugin declines: a declined call writes
+    nothing, so a graph of it would time an empty replay."""
+
+    def run():
+        if not hook():
+            raise SystemExit(f"bench_topk.py: the plugin declined {name}: nothing to time")
+
+    return run
+
+
 def graph_time_us(fn, iters: int) -> float:
     """Mean device time of fn() over a CUDA graph of ``iters`` calls, replayed 5 times."""
     return mean_us(graphed(fn, iters), 5, warmup=1) / iters
@@ -57,7 +68,7 @@ def decode_case(name, x, seq, seen=None):
     idx = torch.empty(x.shape[0], 512, dtype=torch.int32, device=DEV)
 
     def plugin():
-        topk.decode_top_k(x, 1, seq, idx, 512)
+        return topk.decode_top_k(x, 1, seq, idx, 512)
 
     def base():
         torch.topk(seen, 512, dim=-1, sorted=False)
@@ -142,7 +153,7 @@ def candidate_cases():
     work = torch.empty_like(x)
 
     def plugin():
-        topk.candidate_top_k(x, 1, seq, cands, bs, idx, 512)
+        return topk.candidate_top_k(x, 1, seq, cands, bs, idx, 512)
 
     def base():
         work.fill_(float("-inf"))
@@ -160,7 +171,7 @@ def candidate_cases():
     compact = torch.randn(rows, k * bs, device=DEV)
 
     def plugin_c():
-        topk.compact_top_k_512(compact, ids, seq, 1, idx)
+        return topk.compact_top_k_512(compact, ids, seq, 1, idx)
 
     def base_c():
         torch.topk(compact, 512, dim=-1, sorted=False)
@@ -171,7 +182,7 @@ def candidate_cases():
     ends = torch.full((rows,), width, dtype=torch.int32, device=DEV)
 
     def plugin_s():
-        topk.select_candidates(x, 1, ends, bs, out)
+        return topk.select_candidates(x, 1, ends, bs, out)
 
     def base_s():
         scores = x.view(rows, -1, bs).amax(-1)
@@ -199,6 +210,7 @@ def main() -> int:
     )
     cases = structure_cases() if args.structures else [*decode_cases(), *candidate_cases()]
     for name, plugin, base, floor in cases:
+        plugin = taken(plugin, name)
         p = graph_time_us(plugin, args.iters)
         f = graph_time_us(floor, args.iters)
         b = graph_time_us(base, max(args.iters // 5, 4))
