@@ -13,7 +13,8 @@ probabilistic drafts (fp32 Gumbel noise, temperature 1, every row live), it time
   equal the plugin's;
 
 and prints each beside the memory floor: every step reads ``markov_w2`` once (66 MB) and each
-row's base logits, and writes each row's cached logits (2 x 0.26 MB a row), at 4.8 TB/s (H200);
+row's base logits, and writes each row's cached logits (2 x 0.26 MB a row), at the GPU's peak
+bandwidth (``HBM_TBPS``: 4.8 TB/s on an H200; ``--hbm-tbps`` to name another; in the JSON);
 and beside two measured floors (``_markov_floors.py``, graphed): ``stream``, the same bytes moved
 by torch with no arithmetic, ``noise``, vLLM's exact Gumbel noise and a row argmax alone, and
 ``fast``, the same with the fast noise that sampled batches above 16 rows draw.
@@ -52,12 +53,15 @@ import _markov_floors as floors  # noqa: E402
 import _markov_in_tree as in_tree  # noqa: E402
 from dsv41_gfx942_plugin.ops import fused_markov as F  # noqa: E402
 
-# Peak HBM bandwidth by device name (the modelled floor's divisor); --hbm-tbps overrides. A GPU
-# not listed gets no modelled floor rather than the H200's.
-HBM_TBPS = {"H200": 4.8, "H100 80GB HBM3": 3.35, "H100": 3.35, "MI300X": 5.3, "MI325X": 6.0}
+# Peak HBM bandwidth (TB/s) by a part of the device's name, the first that matches: the floor's
+# divisor (vendors' datasheet figures); --hbm-tbps overrides. A GPU not listed stops the run
+# rather than take another's figure (the floor was 4.8 TB/s, the H200's, on every GPU).
+HBM_TBPS = {"H200": 4.8, "H100 PCIe": 2.0, "H100 NVL": 3.9, "H100": 3.35, "MI325X": 6.0,
+            "MI300X": 5.3}  # fmt: skip
 
 
 def hbm_bytes_per_s(override: float | None) -> float | None:
+    """The floor's bandwidth in bytes/s: ``override`` TB/s, else this GPU's from HBM_TBPS."""
     if override:
         return override * 1e12
     name = torch.cuda.get_device_name()
@@ -138,7 +142,7 @@ def vllm_loop():
         return "torch op sequence", torch_loop
 
 
-def floor_us(rows, vocab, rank, n_spec, greedy=False, bytes_per_s=4.8e12) -> float:
+def floor_us(rows, vocab, rank, n_spec, greedy, bytes_per_s) -> float:
     per_step = (vocab + 63) // 64 * 64 * rank * 2 + rows * vocab * 2 * (1 if greedy else 2)
     return n_spec * per_step / bytes_per_s * 1e6
 
@@ -158,8 +162,10 @@ def main() -> None:
     require_gpu("bench_markov.py")
     bw = hbm_bytes_per_s(args.hbm_tbps)
     if bw is None:
-        raise SystemExit(f"bench_markov.py: no peak bandwidth known for "
-                         f"{torch.cuda.get_device_name()}; pass --hbm-tbps")
+        raise SystemExit(
+            f"bench_markov.py: no peak bandwidth known for "
+            f"{torch.cuda.get_device_name()}; pass --hbm-tbps"
+        )
     name, loop = vllm_loop()
     results = []
     head = (

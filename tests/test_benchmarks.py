@@ -61,3 +61,25 @@ def test_benchmarks_run_this_checkout(timing, monkeypatch):
     monkeypatch.setattr(sys, "path", list(sys.path))
     timing.use_checkout()
     assert sys.path[:2] == [str(ROOT / "src"), str(ROOT / "tests")]
+
+
+@pytest.mark.parametrize(
+    ("device", "tbps"),
+    [("NVIDIA H200", 4.8), ("NVIDIA H100 80GB HBM3", 3.35), ("NVIDIA H100 PCIe", 2.0),
+     ("AMD Instinct MI300X", 5.3), ("AMD Instinct MI325X", 6.0), ("NVIDIA A100", None)],
+)  # fmt: skip
+def test_markov_floor_takes_the_gpus_bandwidth(monkeypatch, device, tbps):
+    """The Markov benchmark's memory floor divides by this GPU's peak bandwidth (once the H200's
+    on every GPU), none for a GPU it does not know; --hbm-tbps names it."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    monkeypatch.syspath_prepend(str(ROOT / "src"))
+    spec = importlib.util.spec_from_file_location(
+        "_bench_markov_test", ROOT / "benchmarks" / "bench_markov.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: device)
+    assert bench.hbm_bytes_per_s(None) == (tbps and tbps * 1e12)
+    assert bench.hbm_bytes_per_s(7.0) == 7.0e12
+    one_row = bench.floor_us(1, 129280, 256, 5, False, 4.8e12)
+    assert round(one_row, 1) == 69.5  # the README's 1-row floor on the H200
