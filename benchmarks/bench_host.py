@@ -5,7 +5,8 @@ break, so its Python runs at every decode step for each of the 8 index layers. T
 Python alone, for the 8 layers of one step of ``tests/indexer_step.py`` (plain 2/8/14, writer
 20, readers 24-36), two ways in one run on the same metadata:
 
-- plugin: ``indexer.indexer_step``, the plugin's entry, its hooks taking every call;
+- plugin: ``indexer.indexer_step``, the plugin's entry, its hooks taking every call but the
+  candidate logits' (the harness's q, fp32 with one head of 8, is not one it takes);
 - vLLM: vLLM 0.33.0's ``rocm_aiter_sparse_attn_indexer`` (its decode branch).
 
 Every device op is a no-op on both sides, so only host work is left (choices, gating, argument

@@ -12,7 +12,8 @@ plugin's time above it is its selecting. Baselines:
   anchors give vLLM's figures); "ragged" rows end at seeded random lengths from half the width
   to all of it, as decode rows do (torch.topk over rows set to -inf past their ends beforehand);
   "recency" rows have their newest 4096 logits raised by 3 (attention to recent tokens);
-- candidate top-k: torch's mask of the non-candidate columns to -inf (one scatter) plus topk;
+- candidate top-k: torch's mask of the non-candidate columns to -inf (a fill, a gather and a
+  scatter) plus topk;
 - candidate selection: torch's block max (amax), the newest-block pin, topk(2048) (vLLM's
   op sequence written in torch);
 - compact: torch.topk over the compact row.
