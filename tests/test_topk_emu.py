@@ -5,14 +5,23 @@ fibers, wave operations exchanged between them) at wave width 64, as they run on
 here has that width: the H200 runs them at 32), and at 32. They are launched through ops/topk.py's
 own hooks with the arguments packed as for the GPU, on CPU tensors. Slow per workgroup (about
 0.5 s), so the rows are few and short; tests/test_topk_gpu.py covers sizes on a GPU.
+
+With g++ (CI's compiler) the emulation is built with UndefinedBehaviorSanitizer: a shift past a
+word, a signed overflow, an index past a fixed-size array (the LDS arrays, at wave 64 too, which
+no GPU here runs) fails the launch that reached it, with the sanitizer's report. About 20 s more
+(117 -> 132-137 s on 2 cores). AddressSanitizer, run once by hand (2026-12-06: the 126 tests clean,
+both widths), needs the Python process preloaded with libasan and libstdc++ and takes twice as
+long: not in CI.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import shutil
 import struct
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,6 +32,27 @@ import ref_topk as ref
 from dsv41_gfx942_plugin.ops import _launcher, _topk_check, topk
 
 ROOT = Path(__file__).resolve().parent.parent
+# UndefinedBehaviorSanitizer's flags where the compiler is g++, whose runtime ships with it. A
+# report does not end the process (pytest's captured output would lose it): each launch reads
+# what the kernels wrote to stderr and fails on one (the runtime takes no options set after the
+# process started, so its reports cannot go to a file of the test's choosing).
+UBSAN = ["-fsanitize=undefined"]
+
+
+def _launch_reporting(launch) -> tuple[int, str]:
+    """``launch()``'s return value and what it wrote to file descriptor 2."""
+    with tempfile.TemporaryFile() as err:
+        saved = os.dup(2)
+        os.dup2(err.fileno(), 2)
+        try:
+            rc = launch()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        err.seek(0)
+        return rc, err.read().decode(errors="replace")
+
+
 _libs: dict[int, ctypes.CDLL] = {}  # the emulation's library of each wave width
 
 
@@ -33,8 +63,9 @@ def emu(request, tmp_path_factory):
     if cxx is None:
         pytest.skip("no C++ compiler for the CPU emulation")
     lib_path = tmp_path_factory.mktemp("emu") / f"topk_emu{request.param}.so"
+    sanitize = UBSAN if Path(cxx).name == "g++" else []
     subprocess.run(
-        [cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-DDSV_CPU_EMU",
+        [cxx, "-std=c++17", "-O1", *sanitize, "-shared", "-fPIC", "-DDSV_CPU_EMU",
          f"-DDSV_EMU_WAVE={request.param}", "-I", str(ROOT / "hip"),
          str(ROOT / "tests/emu/topk_emu.cpp"), "-o", str(lib_path)],
         check=True,
@@ -51,8 +82,11 @@ def emu(request, tmp_path_factory):
         def __call__(self, grid, block, stream, *args):
             assert grid[2] == 1 and block == topk.THREADS[self.name]
             packed = self.pack.pack(*args)
-            rc = lib.dsv_emu_launch(self.name.encode(), grid[0], grid[1], block, packed)
+            rc, err = _launch_reporting(
+                lambda: lib.dsv_emu_launch(self.name.encode(), grid[0], grid[1], block, packed)
+            )
             assert rc == 0, f"{self.name} is not in tests/emu/topk_emu.cpp"
+            assert "runtime error" not in err, f"{self.name}: {err[-3000:]}"
 
     class Scratch:
         def get(self, device, numel):
