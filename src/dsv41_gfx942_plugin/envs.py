@@ -122,12 +122,17 @@ def enabled(family: str) -> bool:
     return own and all(enabled(f) for f in NEEDS.get(family, ()))
 
 
+def value_as_set(name: str) -> str:
+    """A variable's value as set, stripped, for messages ('' when unset or blank)."""
+    return os.environ.get(name, "").strip()
+
+
 def settings() -> dict[str, str]:
     """Every variable as the status command prints it: the value set and what it reads as, or
     '<unset: default>'."""
     return {
         name: f"{os.environ[name]} (read as {get_bool(name)})"
-        if os.environ.get(name, "").strip()
+        if value_as_set(name)
         else f"<unset: {var.default!r}>"
         for name, var in VARIABLES.items()
     }

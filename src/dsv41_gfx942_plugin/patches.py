@@ -43,8 +43,6 @@ nothing runs twice; the log says which path serves. The plugin never imports tha
 
 from __future__ import annotations
 
-import os
-
 from . import envs, patching
 from .patching import Expect, Patch
 
@@ -164,7 +162,7 @@ def wanted(families: tuple[str, ...]) -> str | None:
         return "turned off by DSV41_GFX942_DISABLE"
     # The value as set (a value that is not a boolean reads as off: envs.get_bool).
     names = (envs.FAMILIES[f] for f in families)
-    return "turned off by " + " and ".join(f"{n}={os.environ.get(n, '').strip()}" for n in names)
+    return "turned off by " + " and ".join(f"{n}={envs.value_as_set(n)}" for n in names)
 
 
 def apply_all() -> dict[str, str]:
