@@ -142,7 +142,9 @@ def vllm_loop():
         return "torch op sequence", torch_loop
 
 
-def floor_us(rows, vocab, rank, n_spec, greedy, bytes_per_s) -> float:
+def floor_us(
+    rows: int, vocab: int, rank: int, n_spec: int, greedy: bool, bytes_per_s: float
+) -> float:
     per_step = (vocab + 63) // 64 * 64 * rank * 2 + rows * vocab * 2 * (1 if greedy else 2)
     return n_spec * per_step / bytes_per_s * 1e6
 

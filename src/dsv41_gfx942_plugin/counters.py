@@ -36,11 +36,12 @@ def record(hook: str, taken: bool, reason: str = "") -> None:
     if not _exit_log:
         _exit_log = True
         atexit.register(_log_summary)
+    reason = "" if taken else reason or "declined"
     if taken:
         _taken[hook] += 1
     else:
-        _declined[hook][reason or "declined"] += 1
-    _last[hook] = (taken, "" if taken else reason or "declined")
+        _declined[hook][reason] += 1
+    _last[hook] = (taken, reason)
 
 
 def last(hook: str) -> tuple[bool, str] | None:
