@@ -39,7 +39,7 @@ def require_topk_kernels(script: str) -> None:
     if topk.build():
         return
     arch = _launcher.code_object_arch()
-    path = _launcher.KERNEL_DIR / f"topk512.{arch}.co"
+    path = topk.code_object_path()
     if not path.is_file():
         sys.exit(
             f"{script}: no top-k code object for {arch} ({path} is missing); build this "

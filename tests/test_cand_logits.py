@@ -1017,7 +1017,7 @@ def test_hook_end_to_end_on_the_twin():
     reference's top 512 per row; a short row gets 0..end-1; rows past the step are untouched."""
     from dsv41_gfx942_plugin.ops import _launcher, topk
 
-    if not (_launcher.KERNEL_DIR / f"topk512.{_launcher.code_object_arch()}.co").is_file():
+    if not topk.code_object_path().is_file():
         arch = _launcher.code_object_arch()
         pytest.skip(f"no top-k code object for {arch} (python hip/build.py --arch {arch})")
     # One that does not load or fails its load-time check fails here, never skips.

@@ -17,7 +17,7 @@ pytest.importorskip("vllm")
 import indexer_step as harness  # noqa: E402
 from dsv41_gfx942_plugin.ops import _launcher, topk  # noqa: E402
 
-if not (_launcher.KERNEL_DIR / f"topk512.{_launcher.code_object_arch()}.co").is_file():
+if not topk.code_object_path().is_file():
     pytest.skip(
         f"no top-k code object for {_launcher.code_object_arch()} under {_launcher.KERNEL_DIR} "
         f"(build it: python hip/build.py --arch {_launcher.code_object_arch()})",

@@ -18,7 +18,7 @@ if not torch.cuda.is_available():
 
 from dsv41_gfx942_plugin.ops import _launcher, _topk_check, topk  # noqa: E402
 
-if not (_launcher.KERNEL_DIR / f"topk512.{_launcher.code_object_arch()}.co").is_file():
+if not topk.code_object_path().is_file():
     pytest.skip(
         f"no top-k code object for {_launcher.code_object_arch()} under "
         f"{_launcher.KERNEL_DIR} (build it: python hip/build.py --arch "

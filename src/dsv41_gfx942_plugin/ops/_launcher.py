@@ -224,13 +224,18 @@ class Module:
         self.path = path
 
 
+def code_object_path(stem: str, arch: str | None) -> Path:
+    """Where ``stem``'s code object for ``arch`` lies: ``_kernels/<stem>.<arch>.co``."""
+    return KERNEL_DIR / f"{stem}.{arch}.co"
+
+
 def load(stem: str, kernels: dict[str, str], device: int) -> Module:
     """Load ``_kernels/<stem>.<arch>.co`` on ``device``; raises OSError/RuntimeError saying why
     it cannot."""
     arch = code_object_arch(device)
     if arch is None:
         raise RuntimeError("no GPU")
-    path = KERNEL_DIR / f"{stem}.{arch}.co"
+    path = code_object_path(stem, arch)
     if not path.is_file():
         raise OSError(f"no code object for {arch}: {path} is missing")
     return Module(path, kernels, device)

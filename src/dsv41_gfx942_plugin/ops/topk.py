@@ -15,6 +15,8 @@ persistent scratch, so a CUDA graph captured once is right at every replay.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from . import _launcher
@@ -102,8 +104,15 @@ THREADS = {
 # set it to "cpu" together with fake kernels.
 _GPU_TYPE = "cuda"
 
+# The code object's name: _kernels/<STEM>.<arch>.co (hip/build.py's output for topk512.hip).
+STEM = "topk512"
 _modules: dict[int, _launcher.Module | None] = {}
 _scratch = _launcher.Scratch()
+
+
+def code_object_path() -> Path:
+    """This GPU's top-k code object file (``_kernels/topk512.<arch>.co``), there or not."""
+    return _launcher.code_object_path(STEM, _launcher.code_object_arch())
 
 
 def build() -> bool:
@@ -121,7 +130,7 @@ def build() -> bool:
     try:
         from . import _topk_check  # which calls this module's ops
 
-        _modules[device] = _launcher.load("topk512", KERNELS, device)
+        _modules[device] = _launcher.load(STEM, KERNELS, device)
         differs = _topk_check.check(torch.device(_GPU_TYPE, device))
         if differs:
             raise RuntimeError(f"the load-time check against torch failed: {differs}")
