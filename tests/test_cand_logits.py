@@ -681,22 +681,16 @@ def amdgcn_summary(asm: str) -> dict:
     return out
 
 
-def aiter_dense_module():
-    """AITER's paged-MQA logits module (its dense kernel, ``deepgemm_fp8_paged_mqa_logits``) as
-    vLLM 0.33 finds it, or None: ``paged_mqa_logits_module`` looks at AITER's older path
-    ``aiter.ops.triton.pa_mqa_logits`` first, then ``aiter.ops.triton.attention.pa_mqa_logits``
-    (where AITER moved it in 2026-01), and checks the parameters it calls it with."""
-    from vllm.v1.attention.ops.rocm_aiter_mla_sparse import paged_mqa_logits_module
-
-    return paged_mqa_logits_module()
-
-
 def _aiter_dense_summaries() -> dict:
     """Where AITER is importable (a gfx942 machine): its dense kernel compiled now, as vLLM
     asks for it (padded mode: vLLM's page stride is a multiple of 16 bytes)."""
     if not _cand_layout.FROM_AITER:
         return {}
-    aiter_logits = aiter_dense_module()
+    # AITER's dense kernel's module as vLLM 0.33 finds it (its older path first, then
+    # attention/, where AITER moved it in 2026-01), or None
+    from vllm.v1.attention.ops.rocm_aiter_mla_sparse import paged_mqa_logits_module
+
+    aiter_logits = paged_mqa_logits_module()
     if aiter_logits is None:
         return {}
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from dsv41_gfx942_plugin.ops import _cand_layout, cand_logits
-from test_cand_logits import aiter_dense_module, make_case, run_candidate_logits
+from test_cand_logits import make_case, run_candidate_logits
 
 
 def _on_gfx942() -> bool:
@@ -39,7 +39,9 @@ STEPS = [(1, 1, 4096), (3, 2, 16384), (6, 1, 65536), (3, 2, 131072), (1, 2, 1310
 
 def aiter_dense_kernel():
     """AITER's dense kernel from the module vLLM 0.33 takes it from (either of AITER's paths)."""
-    module = aiter_dense_module()
+    from vllm.v1.attention.ops.rocm_aiter_mla_sparse import paged_mqa_logits_module
+
+    module = paged_mqa_logits_module()
     assert module is not None, (
         "vLLM finds no AITER paged-MQA logits module with the gfx942 API "
         "(vllm.v1.attention.ops.rocm_aiter_mla_sparse.paged_mqa_logits_module)"
