@@ -1,8 +1,10 @@
-"""Two measured floors beside ``bench_markov.py``'s modelled memory floor, 5 draft steps graphed:
+"""Measured references beside ``bench_markov.py``'s modelled memory floor, 5 draft steps graphed:
 
 - ``stream``: the bytes a step must move, moved by torch: a reduction over ``markov_w2`` (read
   once) and a copy of the rows' base logits into the draft logits cache (read and written once),
-  two kernels a step. What a step costs when it does no arithmetic at all.
+  two kernels a step. What torch's kernels take to move them, not a lower bound: the reduction
+  falls short of the bandwidth, and the fused step (which moves the same bytes and does the
+  arithmetic) beats it at every row count measured on the H200.
 - ``noise``: vLLM's fp32 Gumbel noise alone (``murmur3_uniform32``, ``_log1p_neg_stable``, the
   two logs, from ``vllm/v1/worker/gpu/sample/gumbel.py``) for every (row, token) of a step, with
   the argmax of each row: one launch a step, no logits, no memory traffic but the winners (for

@@ -10,6 +10,9 @@ the same twin scoring every column of the row (candidates = all blocks), i.e. wh
 the candidates saves with one kernel held fixed. These are H200 figures of a test twin, never a
 gfx942 speed.
 
+Each figure is the mean device time of one call, replaying a CUDA graph of it ``--iters`` times,
+as vLLM replays its decode steps (host launch costs are in neither figure).
+
     python benchmarks/bench_cand_logits.py --json out.json
 """
 
@@ -21,7 +24,7 @@ import math
 
 import torch
 
-from _timing import mean_us, require_gpu, require_topk_kernels, summary, use_checkout
+from _timing import graphed, mean_us, require_gpu, require_topk_kernels, summary, use_checkout
 
 use_checkout()
 from dsv41_gfx942_plugin.ops import cand_logits  # noqa: E402
@@ -57,7 +60,8 @@ def twin_ratio(rows, context, heads, page_size, iters):
         args = (q.view(rows, heads, 128), cache, weights, seq_lens, 1, table, blocks, 8, out, ids)
         return lambda: cand_logits.candidate_logits(*args, portable=True)
 
-    cand_us, dense_us = mean_us(run(cand), iters, warmup=10), mean_us(run(every), iters, warmup=10)
+    cand_us = mean_us(graphed(run(cand)), iters, warmup=10)
+    dense_us = mean_us(graphed(run(every)), iters, warmup=10)
     return {"candidates_us": cand_us, "all_columns_us": dense_us, "ratio": dense_us / cand_us}
 
 
@@ -94,7 +98,8 @@ def gfx942_ratio(rows, context, heads, page_size, iters):
             q, cache, weights, seq_lens, table, cand, 8, indices, 512, True, False
         )
 
-    plugin_us, dense_us = mean_us(plugin, iters, warmup=10), mean_us(dense, iters, warmup=10)
+    plugin_us = mean_us(graphed(plugin), iters, warmup=10)
+    dense_us = mean_us(graphed(dense), iters, warmup=10)
     return {"plugin_us": plugin_us, "vllm_dense_us": dense_us, "ratio": dense_us / plugin_us}
 
 

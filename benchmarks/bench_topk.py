@@ -1,4 +1,5 @@
-"""Plugin top-512 kernels against torch.topk, per shape, in one run; prints ratios, writes JSON.
+"""Plugin top-512 kernels against vLLM's ops and torch.topk, per shape, in one run; prints
+ratios, writes JSON.
 
     python benchmarks/bench_topk.py [--json PATH] [--iters N] [--structures]
 
@@ -6,17 +7,21 @@ Each figure is the mean device time of one call, measured by replaying a CUDA gr
 ``--iters`` calls (so launch overhead on the host is excluded for both sides), after warm-up.
 "eager" is the mean of back-to-back eager calls (host cost included). "floor": the same
 launches over the same bytes with no selection (``_topk_floors.py``), timed the same way; the
-plugin's time above it is its selecting. Baselines:
-- decode: ``torch.topk(logits[:, :end], 512, sorted=False)`` over the dense row (vLLM's
-  ``top_k_per_row_decode`` is not available without vLLM's CUDA build; on gfx942 the issue's
-  anchors give vLLM's figures); "ragged" rows end at seeded random lengths from half the width
-  to all of it, as decode rows do (torch.topk over rows set to -inf past their ends beforehand);
-  "recency" rows have their newest 4096 logits raised by 3 (attention to recent tokens);
-- candidate top-k: torch's mask of the non-candidate columns to -inf (a fill, a gather and a
-  scatter) plus topk;
-- candidate selection: torch's block max (amax), the newest-block pin, topk(2048) (vLLM's
-  op sequence written in torch);
-- compact: torch.topk over the compact row.
+plugin's time above it is its selecting. Two baselines, "vLLM" (vLLM 0.33.0's own ops: its
+C++ ``top_k_per_row_decode`` where its compiled library loads,
+``indexer_step.vllm_top_k_loaded``, else a dash) and "torch":
+- decode: vLLM's top-k over the row up to its end; ``torch.topk(..., 512, sorted=False)`` over
+  the row (set to -inf past its end beforehand). "ragged" rows end at seeded random lengths
+  from half the width to all of it, as decode rows do; "recency" rows have their newest 4096
+  logits raised by 3 (attention to recent tokens);
+- candidate top-k: vLLM's decode mask (``_apply_candidate_mask_strided``, Triton, in place on
+  its own copy of the logits, as on its logits buffer) plus its top-k; torch's mask of the
+  non-candidate columns to -inf (a fill, a gather and a scatter) plus topk;
+- compact: vLLM's top-k and torch.topk over the compact row (vLLM has no compact path: its
+  readers mask the whole row, the candidate top-k above);
+- candidate selection: vLLM's ``select_candidate_blocks`` (Triton block scores, torch.topk,
+  Triton store; its DeepSelect path is SM100-only); torch's block max (amax), the newest-block
+  pin, topk(2048).
 ``--structures`` times the decode top-512 on rows with structure instead (``STRUCTURES``: ties
 at the cut, -inf or one value everywhere, monotone rows, clusters; ``benchmarks/topk_sweeps.md``).
 On an NVIDIA H200 these are H200-measured figures, never gfx942 ones.
@@ -31,13 +36,22 @@ from pathlib import Path
 
 import torch
 
-from _timing import graphed, mean_us, require_gpu, require_topk_kernels, summary, use_checkout
+from _timing import (
+    graphed,
+    mean_us,
+    require_gpu,
+    require_topk_kernels,
+    summary,
+    use_checkout,
+)
 
 use_checkout()
 import _topk_floors as floors  # noqa: E402
 from dsv41_gfx942_plugin.ops import topk  # noqa: E402
+from indexer_step import vllm_top_k_loaded  # noqa: E402
 
 DEV = "cuda"
+VLLM_TOP_K = None  # vLLM's top_k_per_row_decode where it loads (main() looks once)
 
 
 def taken(hook, name):
@@ -62,9 +76,17 @@ def masked(x: torch.Tensor) -> torch.Tensor:
     return x.masked_fill(~keep.repeat_interleave(8, 1)[:, : x.shape[1]], float("-inf"))
 
 
+def vllm_decode(x, seq, idx):
+    """vLLM's top-512 of ``x`` up to the ends ``seq`` as a callable, or None where it is absent."""
+    if VLLM_TOP_K is None:
+        return None
+    return lambda: VLLM_TOP_K(x, 1, seq, idx, x.shape[0], x.stride(0), x.stride(1), 512)
+
+
 def decode_case(name, x, seq, seen=None):
-    """(name, plugin, torch baseline, floor) for the decode top-512 of ``x`` with row ends
-    ``seq``; torch takes the top 512 of ``seen`` (the rows as vLLM's op sees them), else ``x``."""
+    """(name, plugin, vLLM baseline or None, torch baseline, floor) for the decode top-512 of
+    ``x`` with row ends ``seq``; torch takes the top 512 of ``seen`` (the rows as vLLM's op sees
+    them), else ``x``."""
     seen = x if seen is None else seen
     idx = torch.empty(x.shape[0], 512, dtype=torch.int32, device=DEV)
 
@@ -74,7 +96,7 @@ def decode_case(name, x, seq, seen=None):
     def base():
         torch.topk(seen, 512, dim=-1, sorted=False)
 
-    return name, plugin, base, floors.decode(x, seq)
+    return name, plugin, vllm_decode(x, seq, idx.clone()), base, floors.decode(x, seq)
 
 
 def full(rows: int, width: int) -> torch.Tensor:
@@ -145,6 +167,9 @@ def structure_cases():
 
 
 def candidate_cases():
+    from vllm.model_executor.kernels.attention.dsa.candidate_blocks import select_candidate_blocks
+    from vllm.v1.attention.ops.rocm_aiter_mla_sparse import _apply_candidate_mask_strided
+
     rows, width, bs, k = 6, 131072, 8, 2048
     x = torch.randn(rows, width, device=DEV)
     seq = full(rows, width)
@@ -161,12 +186,16 @@ def candidate_cases():
         work.scatter_(1, cols, x.gather(1, cols))
         torch.topk(work, 512, dim=-1, sorted=False)
 
-    yield (
-        f"candidate top-k {rows}x{k}x{bs} of {width}",
-        plugin,
-        base,
-        floors.candidate(x, cands, bs),
-    )
+    ends = seq.view(-1).long()
+    masked_copy = x.clone()
+    top = vllm_decode(masked_copy, seq, idx.clone())
+
+    def vllm_base():
+        _apply_candidate_mask_strided(masked_copy, torch.zeros_like(ends), ends, cands, bs)
+        top()
+
+    name = f"candidate top-k {rows}x{k}x{bs} of {width}"
+    yield name, plugin, vllm_base if top else None, base, floors.candidate(x, cands, bs)
 
     ids = torch.arange(rows * k * bs, device=DEV, dtype=torch.int32).view(rows, -1)
     compact = torch.randn(rows, k * bs, device=DEV)
@@ -177,13 +206,17 @@ def candidate_cases():
     def base_c():
         torch.topk(compact, 512, dim=-1, sorted=False)
 
-    yield f"compact top-k {rows}x{k * bs}", plugin_c, base_c, floors.compact(compact, ids)
+    vllm_c = vllm_decode(compact, full(rows, k * bs), idx.clone())
+    yield f"compact top-k {rows}x{k * bs}", plugin_c, vllm_c, base_c, floors.compact(compact, ids)
 
-    out = torch.empty(rows, k, dtype=torch.int32, device=DEV)
-    ends = torch.full((rows,), width, dtype=torch.int32, device=DEV)
+    out, vllm_out = (torch.empty(rows, k, dtype=torch.int32, device=DEV) for _ in range(2))
+    ends32 = ends.int()
 
     def plugin_s():
-        return topk.select_candidates(x, 1, ends, bs, out)
+        return topk.select_candidates(x, 1, ends32, bs, out)
+
+    def vllm_s():
+        select_candidate_blocks(x, torch.zeros_like(ends), ends, k, bs, vllm_out)
 
     def base_s():
         scores = x.view(rows, -1, bs).amax(-1)
@@ -191,7 +224,8 @@ def candidate_cases():
         top = torch.topk(scores, k, dim=-1)
         torch.where(top.values != float("-inf"), top.indices, -1)
 
-    yield f"candidate selection {rows}x{width}", plugin_s, base_s, floors.selection(x, ends, bs, k)
+    name = f"candidate selection {rows}x{width}"
+    yield name, plugin_s, vllm_s, base_s, floors.selection(x, ends32, bs, k)
 
 
 def main() -> int:
@@ -202,35 +236,32 @@ def main() -> int:
     args = parser.parse_args()
     require_gpu("bench_topk.py")
     require_topk_kernels("bench_topk.py")
+    global VLLM_TOP_K
+    VLLM_TOP_K = torch.ops._C.top_k_per_row_decode if vllm_top_k_loaded() else None
     torch.manual_seed(0)
     results = []
-    print(f"{torch.cuda.get_device_name()} (torch {torch.__version__})")
+    top_k = "vLLM's top_k_per_row_decode" if VLLM_TOP_K else "absent (vLLM us: -)"
+    print(f"{torch.cuda.get_device_name()} (torch {torch.__version__}); vLLM's top-k: {top_k}")
     print(
-        f"{'shape':44s} {'plugin us':>10s} {'floor us':>9s} {'/floor':>7s} {'torch us':>10s}"
-        f" {'ratio':>7s} {'eager us':>9s}"
+        f"{'shape':44s} {'plugin us':>10s} {'floor us':>9s} {'/floor':>7s} {'vLLM us':>9s}"
+        f" {'ratio':>7s} {'torch us':>9s} {'ratio':>7s} {'eager us':>9s}"
     )
     cases = structure_cases() if args.structures else [*decode_cases(), *candidate_cases()]
-    for name, plugin, base, floor in cases:
+    for name, plugin, vllm, base, floor in cases:
         plugin = taken(plugin, name)
         p = graph_time_us(plugin, args.iters)
         f = graph_time_us(floor, args.iters)
+        v = graph_time_us(vllm, max(args.iters // 5, 4)) if vllm else None
         b = graph_time_us(base, max(args.iters // 5, 4))
         e = mean_us(plugin, args.iters)
-        results.append(
-            {
-                "shape": name,
-                "plugin_us": p,
-                "floor_us": f,
-                "torch_us": b,
-                "speedup": b / p,
-                "plugin_eager_us": e,
-            }
-        )
-        print(f"{name:44s} {p:10.2f} {f:9.2f} {p / f:6.2f}x {b:10.2f} {b / p:6.1f}x {e:9.2f}")
+        results.append({"shape": name, "plugin_us": p, "floor_us": f, "vllm_us": v,
+                        "vllm_speedup": v and v / p, "torch_us": b, "speedup": b / p,
+                        "plugin_eager_us": e})  # fmt: skip
+        vs = f"{v:9.2f} {v / p:6.1f}x" if v else f"{'-':>9s} {'-':>7s}"
+        print(f"{name:44s} {p:10.2f} {f:9.2f} {p / f:6.2f}x {vs} {b:9.2f} {b / p:6.1f}x {e:9.2f}")
     if args.json:
-        args.json.write_text(
-            json.dumps({"device": torch.cuda.get_device_name(), "results": results}, indent=2)
-        )
+        report = {"device": torch.cuda.get_device_name(), "vllm_top_k": top_k, "results": results}
+        args.json.write_text(json.dumps(report, indent=2))
     return 0
 
 

@@ -3,9 +3,11 @@
 #   bash benchmarks/device_h200.sh prepare   # here, once: vLLM's .py files + wheels into .carry/
 #   bash benchmarks/device_h200.sh run       # there (carry .carry): build sm_90, test, bench
 #   bash benchmarks/device_h200.sh sanitize  # there: the top-k kernels under compute-sanitizer
-# "run" writes every log and JSON under $OUT (or ./h200-out). vLLM's compiled parts are absent
-# there, so the platform is pinned to UnspecifiedPlatform before vLLM resolves it
-# (.carry/site/sitecustomize.py); see ../shared/docs/vllm-0.33-integration.md.
+# "run" writes every log and JSON under $OUT (or ./h200-out). Of vLLM's compiled parts only
+# _C_stable_libtorch goes there (its top_k_per_row_decode is the benchmarks' baseline), trimmed
+# to its sm_90 cubins (benchmarks/trim_fatbin.py), so the platform is pinned to
+# UnspecifiedPlatform before vLLM resolves it (.carry/site/sitecustomize.py); see
+# ../shared/docs/vllm-0.33-integration.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 CARRY=.carry
@@ -20,6 +22,8 @@ prepare() {
   local py=${PYTHON:-$HOME/.cache/dsv41-gfx942-plugin/venv-vllm-0.33.0/bin/python}
   local site; site=$("$py" -c "import vllm, pathlib; print(pathlib.Path(vllm.__file__).parents[1])")
   mkdir -p "$CARRY/vwhl" "$CARRY/site"
+  "$py" benchmarks/trim_fatbin.py "$site/vllm/_C_stable_libtorch.abi3.so" "$CARRY/vllm_C.so"
+  xz -T0 -6 -f "$CARRY/vllm_C.so"
   (cd "$site" && tar czf - --exclude='__pycache__' $(cd "$site" && find vllm -name '*.py') \
     vllm-0.33.0.dist-info) > "$CARRY/vllm_py.tar.gz"
   # shellcheck disable=SC2086
@@ -44,6 +48,7 @@ setup() {
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
     "$CARRY"/vwhl/*.whl > "$out/pip.txt" 2>&1
   tar xzf "$CARRY/vllm_py.tar.gz" -C /tmp/vsite
+  xz -dc "$CARRY/vllm_C.so.xz" > /tmp/vsite/vllm/_C_stable_libtorch.abi3.so
   export PYTHONPATH=/tmp/vsite:/tmp/site:$CARRY/site:src:tests PYTHONUNBUFFERED=1
   python3 hip/build.py --arch sm_90 --out src/dsv41_gfx942_plugin/_kernels > "$out/build.txt" 2>&1
   t="python3 -m pytest -q -p no:cacheprovider -rf -m gpu"
@@ -58,6 +63,7 @@ run() {
     > "$out/t_triton.txt" 2>&1
   timeout 240 python3 benchmarks/bench_topk.py --json "$out/bench_topk.json" > "$out/bench_topk.txt" 2>&1
   timeout 90 python3 benchmarks/bench_indexer_step.py --json "$out/bench_step.json" > "$out/bench_step.txt" 2>&1
+  timeout 60 python3 benchmarks/bench_cand_logits.py --json "$out/bench_cand.json" > "$out/bench_cand.txt" 2>&1
   local rows=1,8,16,32,64,128,256  # the README's Markov tables
   timeout 240 python3 benchmarks/bench_markov.py --rows $rows --iters 20 \
     --json "$out/bench_markov.json" > "$out/bench_markov.txt" 2>&1

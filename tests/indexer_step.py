@@ -4,14 +4,17 @@ writer; 24-36 readers), through the plugin's decode path and through vLLM's deco
 ``benchmarks/bench_host.py`` on the CPU (which also makes the device ops no-ops).
 
 What does not run off gfx942 is replaced on both sides alike: AITER's paged logits by fixed
-random logits per layer (stale garbage past each row's end, as AITER leaves it), and vLLM's C++
-``top_k_per_row_decode`` by a torch transcription of its contract. vLLM's Triton candidate
-selection and mask run for real. The plugin's hooks are the real ones (the HIP kernels' sm_90
-build on an NVIDIA GPU); the candidate-logits hook is gfx942-only and declines elsewhere.
+random logits per layer (stale garbage past each row's end, as AITER leaves it), and, where
+vLLM's compiled library is not loaded (its C++ ``top_k_per_row_decode`` is then absent: on the
+CPU, or a GPU without it), that top-k by a torch transcription of its contract. vLLM's Triton
+candidate selection and mask run for real. The plugin's hooks are the real ones (the HIP
+kernels' sm_90 build on an NVIDIA GPU); the candidate-logits hook is gfx942-only and declines
+elsewhere.
 """
 
 from __future__ import annotations
 
+import functools
 import types
 
 import torch
@@ -22,7 +25,8 @@ TOPK, CAND_BLOCKS, CB = 512, 2048, 8
 
 
 def torch_top_k_per_row_decode(logits, next_n, seq_lens, out, rows, stride0, stride1, k):
-    """vLLM's ``top_k_per_row_decode`` contract in torch (GPU, capturable)."""
+    """vLLM's ``top_k_per_row_decode`` contract in torch (GPU, capturable; the 512 ids in no
+    order, as vLLM's op leaves them)."""
     width = logits.shape[1]
     if seq_lens.dim() == 2:
         ends = seq_lens.reshape(-1)[:rows].long()
@@ -31,10 +35,26 @@ def torch_top_k_per_row_decode(logits, next_n, seq_lens, out, rows, stride0, str
         ends = seq_lens[r // next_n].long() - next_n + r % next_n + 1
     ends = ends.clamp(min=0)
     col = torch.arange(width, device=logits.device)
-    top = logits[:rows].masked_fill(col >= ends[:, None], float("-inf")).topk(k, dim=1).indices
+    top = (
+        logits[:rows]
+        .masked_fill(col >= ends[:, None], float("-inf"))
+        .topk(k, dim=1, sorted=False)
+        .indices
+    )
     ar = torch.arange(k, device=logits.device)
     short = torch.where(ar < ends[:, None], ar, -1)
     out[:rows] = torch.where(ends[:, None] <= k, short, top).to(out.dtype)
+
+
+@functools.cache
+def vllm_top_k_loaded() -> bool:
+    """Whether vLLM's compiled library loads here (then its ``top_k_per_row_decode`` is
+    registered): its CUDA build on an NVIDIA GPU, its ROCm build on gfx942; not on a CPU."""
+    try:
+        import vllm._C_stable_libtorch  # noqa: F401
+    except (ImportError, OSError):
+        return False
+    return True
 
 
 class Step:
@@ -101,8 +121,9 @@ class Patch:
 
 
 def install_stand_ins(monkeypatch, step: Step, full_graph: bool = True):
-    """AITER's logits and vLLM's C++ top-k replaced by their stand-ins; the forward context
-    (FULL graphs: host choices must hold at every replay) given to both paths."""
+    """AITER's logits and, where vLLM's library has not registered it, vLLM's C++ top-k
+    replaced by their stand-ins; the forward context (FULL graphs: host choices must hold at
+    every replay) given to both paths."""
     from vllm.config import CUDAGraphMode
     from vllm.v1.attention.ops import rocm_aiter_mla_sparse as rocm
 
@@ -125,8 +146,9 @@ def install_stand_ins(monkeypatch, step: Step, full_graph: bool = True):
     monkeypatch.setattr(rocm, "paged_mqa_logits_module", lambda: aiter_logits)
     monkeypatch.setattr(rocm, "get_forward_context", context)
     monkeypatch.setattr(indexer, "get_forward_context", context)
-    monkeypatch.setattr(torch.ops._C, "top_k_per_row_decode", torch_top_k_per_row_decode,
-                        raising=False)  # fmt: skip
+    if not vllm_top_k_loaded():
+        monkeypatch.setattr(torch.ops._C, "top_k_per_row_decode", torch_top_k_per_row_decode,
+                            raising=False)  # fmt: skip
     return current
 
 

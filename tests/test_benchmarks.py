@@ -83,3 +83,27 @@ def test_markov_floor_takes_the_gpus_bandwidth(monkeypatch, device, tbps):
     assert bench.hbm_bytes_per_s(7.0) == 7.0e12
     one_row = bench.floor_us(1, 129280, 256, 5, False, 4.8e12)
     assert round(one_row, 1) == 69.5  # the README's 1-row floor on the H200
+
+
+def test_trim_fatbin_keeps_only_sm90_cubins(tmp_path):
+    """The library carried to the H100/H200 for vLLM's top-k baseline: every byte outside the
+    fat binary as it was, the sm_90 cubins as they were, everything else of the fat binary
+    zero (checked on vLLM 0.33.0's own library)."""
+    import vllm
+
+    spec = importlib.util.spec_from_file_location("_trim", ROOT / "benchmarks" / "trim_fatbin.py")
+    trim_fatbin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(trim_fatbin)
+    lib = Path(vllm.__file__).parent / "_C_stable_libtorch.abi3.so"
+    original = lib.read_bytes()
+    data = bytearray(original)
+    kept, zeroed = trim_fatbin.trim(data, 90)
+    start, size = trim_fatbin.section(original, b".nv_fatbin")
+    assert len(data) == len(original)
+    assert data[:start] == original[:start] and data[start + size :] == original[start + size :]
+    assert kept and 5 * sum(n for _, n in kept) < zeroed
+    assert all(data[at : at + n] == original[at : at + n] for at, n in kept)
+    fat, before = data[start : start + size], original[start : start + size]
+    assert all(
+        a == b or a == 0 for a, b in zip(fat, before, strict=True)
+    )  # the rest as it was, or zero
