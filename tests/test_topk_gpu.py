@@ -31,6 +31,7 @@ topk.build()
 
 DEV = "cuda"
 NEG = float("-inf")
+NEG_KEY = int(ref.order_key(torch.tensor([NEG]))[0])  # -inf's key in torch.topk's order
 
 
 def test_build_loads_and_passes_its_load_time_check():
@@ -346,6 +347,128 @@ def test_select_block_size_not_8():
     cands = torch.full((rows, 2048), 777, dtype=torch.int32, device=DEV)
     assert topk.select_candidates(logits, 1, seq, bs, cands)
     ref.check_select(logits, 1, seq, bs, cands, "select bs 5")
+
+
+def vllms_own(what: str):
+    """vLLM 0.33.0's own op, skipping where vLLM's compiled library does not load (it does on an
+    NVIDIA GPU with vLLM's CUDA wheel, or its library alone: ``benchmarks/device_h200.sh``;
+    on gfx942 with vLLM's ROCm build)."""
+    import indexer_step
+
+    if not indexer_step.vllm_top_k_loaded():
+        pytest.skip(f"vLLM's compiled library does not load here: no {what} to compare with")
+    return torch.ops._C.top_k_per_row_decode
+
+
+def assert_same_sets(ours, vllms, keys, what, ends=None):
+    """Row for row the same ids as vLLM's op, order and ties at the cut aside: as many ids, and
+    the same multiset of their keys (``keys[r, id]``, torch.topk's order), so that only ids of
+    equal keys may differ. With row ``ends``, where vLLM's own row is malformed (an id twice or
+    past the row's end: its C++ top-k on a row of 513 to a few thousand columns with fewer than
+    512 finite logits, H100-measured; README), ours are checked distinct and within the row,
+    and only the finite picks compared. Returns the number of such rows."""
+    ours, vllms = ours.cpu().long(), vllms.cpu().long()
+    malformed = 0
+    for r in range(ours.shape[0]):
+        a, b = ours[r][ours[r] >= 0], vllms[r][vllms[r] >= 0]
+        if ends is not None and (b.unique().numel() < b.numel() or bool((b >= ends[r]).any())):
+            malformed += 1
+            assert a.unique().numel() == a.numel() == min(512, ends[r]), f"{what} row {r}"
+            assert bool((a < ends[r]).all()), f"{what} row {r}: an id past the row's end"
+            finite = keys[r, a] > NEG_KEY
+            b = b[b < ends[r]].unique()
+            a, b = a[finite], b[keys[r, b] > NEG_KEY]
+        assert a.numel() == b.numel(), f"{what} row {r}: {a.numel()} ids, vLLM's {b.numel()}"
+        if not torch.equal(a.sort().values, b.sort().values):
+            ka, kb = keys[r, a].sort().values, keys[r, b].sort().values
+            assert torch.equal(ka, kb), f"{what} row {r}: other values than vLLM's op picks"
+    return malformed
+
+
+# Random, candidate-masked and sparse rows (-inf ties at the cut of short rows), +inf and NaN
+# of both signs, a NaN every 16384 over one binade, clusters, ties everywhere; row ends 0, 1,
+# 511, 512, 513, a chunk and one, the width.
+VLLM_DECODE_KINDS = [
+    "randn",
+    "masked",
+    "sparse_finite",
+    "specials",
+    "one_binade",
+    "cluster",
+    "ties",
+]
+
+
+@pytest.mark.parametrize("kind", VLLM_DECODE_KINDS)
+@pytest.mark.parametrize("form", ["2d", "1d next_n 3", "stride +3"])
+def test_decode_gives_vllms_own_index_sets(kind, form):
+    """The decode hook against vLLM's real C++ ``top_k_per_row_decode`` on the same call (the
+    oracle the hook must match, where the other tests use torch's order), both row-end forms and
+    a row stride that is not 16-byte aligned."""
+    vllm_top_k = vllms_own("top_k_per_row_decode")
+    width, next_n = 131072, 3 if form.startswith("1d") else 1
+    if form.startswith("1d"):
+        seq = torch.tensor([width, 515, 2, 40000], dtype=torch.int32, device=DEV)
+        rows = 4 * next_n
+    else:
+        seq = lens_2d([width, 0, 1, 511, 512, 513, 16385, 99999])
+        rows = 8
+    stride = width + 3 if form.startswith("stride") else None
+    logits = make_logits(rows, width, kind, seed=21, stride=stride)
+    ours, vllms = out_buf(rows), out_buf(rows)
+    assert topk.decode_top_k(logits, next_n, seq, ours, 512)
+    vllm_top_k(logits, next_n, seq, vllms, rows, logits.stride(0), logits.stride(1), 512)
+    ends = ref.decode_row_ends(seq.cpu(), rows, next_n, width)
+    keys = ref.order_key(logits.cpu())
+    malformed = assert_same_sets(ours, vllms, keys, f"decode {kind} {form}", ends)
+    # vLLM's op is malformed only where a row of over 512 columns has fewer than 512 finite ones.
+    few = [e > 512 and int((keys[r, :e] > NEG_KEY).sum()) < 512 for r, e in enumerate(ends)]
+    assert malformed <= sum(few)
+
+
+@pytest.mark.parametrize("kind", ["randn", "specials", "ties"])
+def test_candidate_top_k_gives_vllms_own_index_sets(kind):
+    """The candidate hook against what vLLM's reader layers run: its real Triton decode mask
+    (``_apply_candidate_mask_strided``, in place) then its real C++ top-k, on rows of 2048
+    candidate blocks with duplicates and -1 holes (at least 512 live columns each, where the two
+    agree by contract), 2-D lengths as vLLM passes them."""
+    from vllm.v1.attention.ops.rocm_aiter_mla_sparse import _apply_candidate_mask_strided
+
+    vllm_top_k = vllms_own("top_k_per_row_decode")
+    rows, width, bs = 4, 131072, 8
+    logits = make_logits(rows, width, kind, seed=23)
+    cands = random_candidates(rows, 2048, width // bs, seed=4)
+    seq = lens_2d([width, 131000, 70001, 9000])
+    ours, vllms = out_buf(rows), out_buf(rows)
+    assert topk.candidate_top_k(logits, 1, seq, cands, bs, ours, 512)
+    ends = seq.view(-1).long()
+    masked = logits.clone()
+    _apply_candidate_mask_strided(masked, torch.zeros_like(ends), ends, cands, bs)
+    vllm_top_k(masked, 1, seq, vllms, rows, masked.stride(0), masked.stride(1), 512)
+    assert_same_sets(ours, vllms, ref.order_key(logits.cpu()), f"candidates {kind}")
+
+
+@pytest.mark.parametrize("kind", ["randn", "masked", "specials", "ties"])
+def test_select_candidates_gives_vllms_own_block_sets(kind):
+    """Layer 20's hook against vLLM's real ``select_candidate_blocks`` (Triton block scores,
+    torch.topk, Triton store) on the same rows, one length a request repeated over its rows as
+    vLLM's decode branch passes them."""
+    from vllm.model_executor.kernels.attention.dsa.candidate_blocks import (
+        select_candidate_blocks,
+    )
+
+    rows, width, bs, k = 6, 131072, 8, 2048
+    logits = make_logits(rows, width, kind, seed=25)
+    ends = torch.tensor([width, width, 100003, 100003, 16000, 16000], device=DEV)
+    ours = torch.full((rows, k), 777, dtype=torch.int32, device=DEV)
+    vllms = ours.clone()
+    assert topk.select_candidates(logits, 2, ends[::2].int(), bs, ours)
+    select_candidate_blocks(logits, torch.zeros_like(ends), ends, k, bs, vllms)
+    scores = [
+        ref.block_scores(row, int(end), bs)
+        for row, end in zip(logits.cpu(), ends.tolist(), strict=True)
+    ]
+    assert_same_sets(ours, vllms, ref.order_key(torch.stack(scores)), f"selection {kind}")
 
 
 def test_cuda_graph_replay_with_changed_lengths():
