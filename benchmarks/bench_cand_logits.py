@@ -5,10 +5,10 @@ On gfx942 (MI300X/MI325X, AITER + vLLM installed) it times the plugin's hook
 (AITER's dense logits + `_apply_candidate_mask_strided` + `top_k_per_row_decode`). Not run yet:
 nobody on the project has the hardware.
 
-Elsewhere (an NVIDIA H200) it times the portable twin on the 2048 x 8 candidate columns against
-the same twin scoring every column of the row (candidates = all blocks), i.e. what computing only
-the candidates saves with one kernel held fixed. These are H200 figures of a test twin, never a
-gfx942 speed.
+Elsewhere (an NVIDIA H200 or H100) it times the portable twin on the 2048 x 8 candidate columns
+against the same twin scoring every column of the row (candidates = all blocks), i.e. what
+computing only the candidates saves with one kernel held fixed. These are that GPU's figures of
+a test twin, never a gfx942 speed.
 
 Each figure is the mean device time of one call, replaying a CUDA graph of it ``--iters`` times,
 as vLLM replays its decode steps (host launch costs are in neither figure).

@@ -17,10 +17,10 @@ row's base logits, and writes each row's cached logits (2 x 0.26 MB a row), at t
 bandwidth (``HBM_TBPS``: 4.8 TB/s on an H200; ``--hbm-tbps`` to name another; in the JSON);
 and beside three measured references (``_markov_floors.py``, graphed): ``stream``, the same
 bytes moved by torch's kernels with no arithmetic (not a lower bound: torch's reduction falls
-short of the bandwidth, and the fused step beats it at every row count measured), ``noise``,
-vLLM's exact Gumbel noise and a row argmax alone, and ``fast``, the same with the fast noise
-that sampled batches above 16 rows draw; ``/noise`` divides the fused time by the one of the two
-its configuration draws (``FAST_LOG``).
+short of the bandwidth, and the fused step beats it up to 64 rows on the H200 and H100),
+``noise``, vLLM's exact Gumbel noise and a row argmax alone, and ``fast``, the same with the
+fast noise that sampled batches above 16 rows draw; ``/noise`` divides the fused time by the one
+of the two its configuration draws (``FAST_LOG``).
 Times are the mean of ``--iters`` calls after warm-up, measured with CUDA events. Writes JSON.
 
     python benchmarks/bench_markov.py --json out.json [--rows 1,8,32,64,128,256] [--greedy]

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# GPU tests and benchmarks on a lent NVIDIA H200 (torch and Triton there, no vLLM, no pip index).
-#   bash benchmarks/device_h200.sh prepare   # here, once: vLLM's .py files + wheels into .carry/
+# GPU tests and benchmarks on a lent NVIDIA H200 or H100 (torch and Triton there, no vLLM, no pip
+# index).
+#   bash benchmarks/device_h200.sh prepare   # here, once: vLLM's .py + lib + wheels -> .carry/
 #   bash benchmarks/device_h200.sh run       # there (carry .carry): build sm_90, test, bench
 #   bash benchmarks/device_h200.sh sanitize  # there: the top-k kernels under compute-sanitizer
 # "run" writes every log and JSON under $OUT (or ./h200-out). Of vLLM's compiled parts only
