@@ -41,16 +41,22 @@ def trim(data: bytearray, arch: int) -> tuple[list[tuple[int, int]], int]:
     cubin kept, bytes zeroed)."""
     start, size = section(data, b".nv_fatbin")
     at, kept, zeroed = start, [], 0
-    while at < start + size:
+    while at + 16 <= start + size:
         magic, _, header, length = struct.unpack_from("<IHHQ", data, at)
         if magic != FATBIN_MAGIC:  # padding between containers
             at += 8
             continue
         entry, end = at + header, at + header + length
+        if header < 16 or end > start + size:
+            raise SystemExit(f"trim_fatbin.py: a malformed fat binary container at {at:#x}")
         while entry < end:
             kind, _, entry_header, payload = struct.unpack_from("<HHIQ", data, entry)
             (entry_arch,) = struct.unpack_from("<I", data, entry + 28)
             body = entry + entry_header
+            # A header too short to hold the arch would loop forever; a payload past the
+            # container would zero (or append to) what follows it.
+            if entry_header < 32 or body + payload > end:
+                raise SystemExit(f"trim_fatbin.py: a malformed fat binary entry at {entry:#x}")
             if (kind, entry_arch) == (KIND_CUBIN, arch):
                 kept.append((body, payload))
             else:
@@ -69,6 +75,8 @@ def main() -> None:
     args = parser.parse_args()
     data = bytearray(args.src.read_bytes())
     kept, zeroed = trim(data, args.arch)
+    if not kept:  # the library would load, then fail at its first launch
+        raise SystemExit(f"trim_fatbin.py: no sm_{args.arch} cubin in {args.src}")
     args.dst.write_bytes(data)
     kept_bytes = sum(size for _, size in kept)
     print(

@@ -85,15 +85,20 @@ def test_markov_floor_takes_the_gpus_bandwidth(monkeypatch, device, tbps):
     assert round(one_row, 1) == 69.5  # the README's 1-row floor on the H200
 
 
+def load_trim_fatbin():
+    spec = importlib.util.spec_from_file_location("_trim", ROOT / "benchmarks" / "trim_fatbin.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_trim_fatbin_keeps_only_sm90_cubins(tmp_path):
     """The library carried to the H100/H200 for vLLM's top-k baseline: every byte outside the
     fat binary as it was, the sm_90 cubins as they were, everything else of the fat binary
     zero (checked on vLLM 0.33.0's own library)."""
     import vllm
 
-    spec = importlib.util.spec_from_file_location("_trim", ROOT / "benchmarks" / "trim_fatbin.py")
-    trim_fatbin = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(trim_fatbin)
+    trim_fatbin = load_trim_fatbin()
     lib = Path(vllm.__file__).parent / "_C_stable_libtorch.abi3.so"
     original = lib.read_bytes()
     data = bytearray(original)
@@ -107,3 +112,24 @@ def test_trim_fatbin_keeps_only_sm90_cubins(tmp_path):
     assert all(
         a == b or a == 0 for a, b in zip(fat, before, strict=True)
     )  # the rest as it was, or zero
+
+
+@pytest.mark.parametrize(
+    "entry_header, payload, length_extra",
+    [(0, 0, 0), (32, 64, 0), (32, 0, 8)],
+    ids=["no progress", "payload past the container", "container past the section"],
+)
+def test_trim_fatbin_refuses_a_malformed_fat_binary(monkeypatch, entry_header, payload,
+                                                    length_extra):  # fmt: skip
+    """A malformed container or entry stops the trim with a line saying where, neither looping
+    forever nor zeroing (or growing) bytes outside it."""
+    import struct
+
+    trim_fatbin = load_trim_fatbin()
+    entry = struct.pack("<HHIQ", 2, 0, entry_header, payload) + bytes(16)
+    head = struct.pack("<IHHQ", trim_fatbin.FATBIN_MAGIC, 1, 16, len(entry) + length_extra)
+    data = bytearray(head + entry)
+    monkeypatch.setattr(trim_fatbin, "section", lambda data, name: (0, len(data)))
+    with pytest.raises(SystemExit, match="malformed fat binary"):
+        trim_fatbin.trim(data, 90)
+    assert data == head + entry
