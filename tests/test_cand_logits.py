@@ -533,6 +533,18 @@ def fake_topk(monkeypatch):
     return calls
 
 
+def test_hook_without_a_compact_top_k_declines_and_says_so_once(monkeypatch, plugin_log):
+    """An ops.topk without its compact top-512 (a broken install): every call declines, having
+    written nothing, and the DEBUG line comes once, not once a call."""
+    monkeypatch.setitem(sys.modules, "dsv41_gfx942_plugin.ops.topk", types.ModuleType("topk"))
+    args = hook_args(indices=torch.full((8, 512), -7, dtype=torch.int32))
+    for _ in range(3):
+        assert cand_logits.candidate_logits_top_k(**args) is False
+    assert bool((args["indices"] == -7).all())
+    said = [r for r in plugin_log.records if "no compact top-512" in r.getMessage()]
+    assert len(said) == 1
+
+
 @pytest.mark.parametrize("name", sorted(REFUSED))
 def test_hook_refuses_and_writes_nothing(name, fake_topk):
     """Against a top-k that takes every call (``fake_topk``, which takes the base call:

@@ -303,7 +303,8 @@ def candidate_logits_top_k(
     except (ImportError, AttributeError) as err:
         from .._log import logger  # vLLM's logger; imported here so the kernels run without vLLM
 
-        logger.debug_once("candidate logits: no compact top-512 (%s), vLLM's path runs", err)
+        # The text, not the exception: a new exception object each call would log each call.
+        logger.debug_once("candidate logits: no compact top-512 (%s), vLLM's path runs", str(err))
         return False
     # Its code object may be missing (a failed build): then decline before any work.
     build = getattr(topk, "build", None)
