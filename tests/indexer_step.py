@@ -52,7 +52,7 @@ def vllm_top_k_loaded() -> bool:
     registered): its CUDA build on an NVIDIA GPU, its ROCm build on gfx942; not on a CPU."""
     try:
         import vllm._C_stable_libtorch  # noqa: F401
-    except (ImportError, OSError):
+    except (ImportError, OSError, RuntimeError):  # absent, no CUDA driver, its ops already defined
         return False
     return True
 
