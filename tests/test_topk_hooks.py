@@ -263,6 +263,19 @@ def test_public_decode_raises_naming_shapes(calls):
     assert calls == []
 
 
+@pytest.mark.parametrize(
+    "change",
+    [dict(max_blocks=2.5), dict(min_chunk=1.5), dict(max_blocks=None), dict(min_chunk="8")],
+)
+def test_public_decode_general_path_split_must_be_ints(calls, change):
+    """The general path's split is checked before any work: a float, None or a string raised
+    from torch.empty, the argument packer (struct.error) or a comparison, naming neither."""
+    logits, next_n, seq, idx = decode_inputs(rows=2, width=1001)
+    with pytest.raises(TypeError, match="max_blocks and min_chunk must be ints"):
+        topk.top_k_per_row_decode_512(logits, next_n, seq, idx, register_select=False, **change)
+    assert calls == []
+
+
 def test_decode_width_bound_and_general_path_min_chunk(calls):
     """Rows wider than MAX_WIDTH are declined (the kernels' int32 offsets); the general path
     hands its kernels a min_chunk of at most the width (one chunk either way), so a huge one

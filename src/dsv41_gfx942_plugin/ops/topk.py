@@ -351,6 +351,8 @@ def top_k_per_row_decode_512(
         tensors = all(isinstance(t, torch.Tensor) for t in (logits, seq_lens, indices))
         raise ValueError(why) if tensors else TypeError(why)
     register = register_select and _register_path(logits)
+    if not register and not (isinstance(max_blocks, int) and isinstance(min_chunk, int)):
+        raise TypeError(f"max_blocks and min_chunk must be ints, got {max_blocks!r}, {min_chunk!r}")
     if not register and not (1 <= max_blocks <= MAX_CHUNKS and min_chunk >= 1):
         raise ValueError(f"max_blocks must be in [1, {MAX_CHUNKS}] and min_chunk >= 1")
     kernels = _kernels(logits)
