@@ -489,6 +489,11 @@ REFUSED = {
     "indices strided": dict(indices=torch.zeros(8, 1024, dtype=torch.int32)[:, ::2]),
     "indices narrow": dict(indices=torch.zeros(8, 256, dtype=torch.int32)),
     "indices short": dict(indices=torch.zeros(5, 512, dtype=torch.int32)),
+    # Rows 256 apart: each row's 512 would overwrite the next (compact_top_k_512 refuses it,
+    # but only after the candidate logits and the probe's check ran).
+    "indices rows overlap": dict(
+        indices=torch.zeros(8 * 256 + 256, dtype=torch.int32).as_strided((8, 512), (256, 1))
+    ),
 }
 
 

@@ -258,6 +258,7 @@ def _hook_takes(
         and indices.shape[0] >= rows
         and indices.shape[1] >= 512
         and indices.stride(1) == 1
+        and (rows == 1 or indices.stride(0) >= 512)  # rows apart, as the top-k requires
     )
 
 
