@@ -337,6 +337,39 @@ def test_candidate_logits_rejects_bad_shapes():
                                         case.weights[:, :16]})  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("name", "value", "error"),
+    [
+        ("q_fp8", "q", TypeError),
+        ("weights", None, TypeError),
+        ("seq_lens", [100, 37], TypeError),
+        ("out_ids", None, TypeError),
+        ("next_n", 1.0, TypeError),
+        ("cand_block", 8.0, TypeError),
+        ("stages_per_program", 1.5, TypeError),
+        ("kv_cache", "meta", ValueError),
+    ],
+)
+def test_candidate_logits_rejects_nonsense_naming_it(monkeypatch, name, value, error):
+    """Not a tensor (an AttributeError before), a float where an int goes, the cache on another
+    device (each of the last four passed every check and reached the launch): the call raises
+    naming the argument, and launches nothing."""
+    log = []
+    monkeypatch.setattr(cand_logits, "_cand_logits_gfx942", _Launches("gfx942", log))
+    monkeypatch.setattr(cand_logits, "_cand_logits_portable", _Launches("portable", log))
+    case = make_case(lens=[100, 37], next_n=1, heads=32, page_size=32, blocks=5)
+    args = dict(
+        q_fp8=case.q.reshape(2, 32, 128), kv_cache=case.kv_cache, weights=case.weights,
+        seq_lens=case.seq_lens, next_n=1, block_table=case.block_table,
+        candidates=case.candidates, cand_block=8, out_logits=torch.empty(2, 40),
+        out_ids=torch.empty(2, 40, dtype=torch.int32), stages_per_program=0,
+    )  # fmt: skip
+    args[name] = case.kv_cache.to("meta") if value == "meta" else value
+    with pytest.raises(error, match=name):
+        cand_logits.candidate_logits(**args, portable=True)
+    assert log == []
+
+
 class _Launches:
     """A stand-in for a Triton kernel: records ``[grid](*args, **meta)``."""
 

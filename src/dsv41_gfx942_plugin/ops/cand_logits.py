@@ -121,6 +121,16 @@ def candidate_logits(
     out_ids (int32) contiguous `[rows, blocks * cand_block]`.
     `stages_per_program=0` takes STAGES_PER_PROGRAM. `portable` picks the twin (default: the
     twin everywhere but gfx942)."""
+    tensors = dict(q_fp8=q_fp8, kv_cache=kv_cache, weights=weights, seq_lens=seq_lens,
+                   block_table=block_table, candidates=candidates, out_logits=out_logits,
+                   out_ids=out_ids)  # fmt: skip
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
+    for name, n in (("next_n", next_n), ("cand_block", cand_block),
+                    ("stages_per_program", stages_per_program)):  # fmt: skip
+        if not isinstance(n, int):
+            raise TypeError(f"{name} must be an int, got {n!r}")
     if q_fp8.dim() != 3 or not q_fp8.dtype.is_floating_point or q_fp8.element_size() != 1:
         raise TypeError(
             f"q_fp8 must be [rows, heads, dim] FP8, got {q_fp8.dtype} {tuple(q_fp8.shape)}"
@@ -129,6 +139,8 @@ def candidate_logits(
     keys, scales = split_cache(kv_cache, q_fp8.dtype)
     page_size = kv_cache.shape[1]
     _check(kv_cache.shape[3] == dim + 4, f"kv_cache {tuple(kv_cache.shape)} vs q dim {dim}")
+    _check(kv_cache.device == q_fp8.device, f"kv_cache is on {kv_cache.device}, q_fp8 on "
+           f"{q_fp8.device}")  # fmt: skip
     _check(heads in HEADS and dim == HEAD_DIM,
            f"heads {heads}, dim {dim} unsupported ({HEADS} heads of dim {HEAD_DIM})")  # fmt: skip
     _check(q_fp8.stride(2) == 1, f"q_fp8 strides {q_fp8.stride()} need unit dim stride")
