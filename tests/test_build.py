@@ -197,12 +197,18 @@ def test_sdist_records_the_commit(tmp_path, hip_build):
 @pytest.mark.parametrize(
     "version",
     ["0.33.0", "0.33.0rc1", "0.33.0+rocm700", "0.33.0rc1+rocm700", "0.33.1.dev5+g1a2b.rocm700",
-     "0.33.9", "0.32.9", "0.32.9.dev3+rocm700", "0.34.0", "0.34.0rc1", "0.34.0.dev1", "1.33.0"],
+     "0.33.9", "0.32.9", "0.32.9.dev3+rocm700", "0.34.0", "0.34.0rc1", "0.34.0.dev1", "1.33.0",
+     # Other spellings PEP 440 gives the same versions: no patch number, a leading "v", upper
+     # case, whitespace, an explicit epoch (0, or another: a different version line), and
+     # prefixes of supported numbers that are not them.
+     "0.33", "0.33rc1", "0.33.dev0", "v0.33.0", "V0.33.0RC1", " 0.33.0 ", "0!0.33.0",
+     "1!0.33.0", "0.333.0", "0.3.3", "10.33.0", "0.330"],
 )  # fmt: skip
 def test_declared_vllm_range_is_the_plugins_own(version):
     """pip's view of the wheel's vLLM requirement agrees with register()'s version check: a
     ROCm build of vLLM 0.33 (a pre-release, a local version) satisfies it, so pip keeps it
-    rather than installing PyPI's, and PyPI's torch with it."""
+    rather than installing PyPI's, and PyPI's torch with it; and a version pip reads as 0.33,
+    however spelt, is one the plugin runs on (README: it stays off unless it is 0.33)."""
     tomllib = pytest.importorskip("tomllib")
     from packaging.requirements import Requirement
 

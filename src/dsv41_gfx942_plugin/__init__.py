@@ -7,6 +7,8 @@ everywhere else it patches nothing and says why in one INFO line.
 
 from __future__ import annotations
 
+import re
+
 from .counters import stats
 
 __all__ = ["SUPPORTED_VLLM", "register", "stats", "status"]
@@ -34,15 +36,20 @@ def vllm_version() -> str | None:
     return version if isinstance(version, str) else None
 
 
+#: A version's epoch and first two release numbers, as PEP 440 spells them ("0.33.0", "0.33rc1",
+#: "v0.33.0", "0!0.33"); what follows them (more numbers, a pre-release, a local label) is free.
+_VERSION = re.compile(r"v?(?:(\d+)!)?(\d+)\.(\d+)(?!\d)")
+
+
 def vllm_supported(version: str) -> bool:
-    """Whether ``version`` (e.g. "0.33.0", "0.33.1rc1") is in :data:`SUPPORTED_VLLM`."""
-    parts = version.split(".")
-    try:
-        major, minor = int(parts[0]), int(parts[1])
-    except (IndexError, ValueError):
+    """Whether ``version`` (e.g. "0.33.0", "0.33.1rc1", "0.33.0+rocm700") is in
+    :data:`SUPPORTED_VLLM`: the versions pip's ``>=0.33.0.dev0,<0.34`` admits, however spelt."""
+    match = _VERSION.match(version.strip().lower())
+    if match is None:
         return False
+    epoch, major, minor = match.groups()
     low, high = SUPPORTED_VLLM
-    return low <= (major, minor) < high
+    return int(epoch or 0) == 0 and low <= (int(major), int(minor)) < high
 
 
 def inactive_reason() -> str | None:
