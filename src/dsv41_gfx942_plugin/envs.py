@@ -31,6 +31,8 @@ class EnvVar:
     help: str
     #: What a value that is not a boolean reads as: the side that leaves vLLM unchanged.
     unreadable: bool
+    #: What that reading means, for the warning.
+    unreadable_means: str = "the side that leaves vLLM unchanged"
 
 
 VARIABLES: dict[str, EnvVar] = {
@@ -66,6 +68,7 @@ VARIABLES: dict[str, EnvVar] = {
             False,
             "Build time: a missing HIP compiler fails the wheel build (ROCm release build, CI).",
             unreadable=True,
+            unreadable_means="the wheel build and hip/build.py stop on it",
         ),
     )
 }
@@ -83,14 +86,14 @@ NEEDS = {"cand_logits": ("topk",)}
 _warned: set[str] = set()
 
 
-def _warn_once(name: str, raw: str, read_as: bool) -> None:
-    if name in _warned:
+def _warn_once(var: EnvVar, raw: str) -> None:
+    if var.name in _warned:
         return
-    _warned.add(name)
+    _warned.add(var.name)
     from ._log import logger
 
-    logger.warning("%s=%r is not a boolean; read as %s, the side that leaves vLLM unchanged",
-                   name, raw, read_as)  # fmt: skip
+    logger.warning("%s=%r is not a boolean; read as %s, %s",
+                   var.name, raw, var.unreadable, var.unreadable_means)  # fmt: skip
 
 
 def get_bool(name: str) -> bool:
@@ -104,7 +107,7 @@ def get_bool(name: str) -> bool:
         return True
     if value in _FALSE:
         return False
-    _warn_once(name, raw, var.unreadable)
+    _warn_once(var, raw)
     return var.unreadable
 
 
