@@ -73,9 +73,23 @@ def test_unknown_family_is_an_error():
         envs.enabled("sampler")
 
 
-def test_every_variable_is_in_the_readme():
+def _readme_section(title: str) -> str:
     from pathlib import Path
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    missing = [name for name in envs.VARIABLES if name not in readme]
-    assert missing == []
+    return readme.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_every_variable_is_in_the_readme():
+    """The README's Switches table is the code's: the same variables (none missing, none the
+    code does not read), each with its default as the code has it, and the boolean spellings
+    the paragraph above it names. A default changed on one side only fails here."""
+    import re
+
+    section = _readme_section("Switches")
+    rows = re.findall(r"^\| `(DSV41_GFX942_\w+)` \| `([^`]*)` \|", section, re.M)
+    readme = [(name, {"1": True, "0": False}.get(default)) for name, default in rows]
+    assert sorted(readme) == sorted((name, v.default) for name, v in envs.VARIABLES.items())
+    spelt = re.search(r"`([\w/]+)`, `([\w/]+)`, any case", section)
+    assert spelt, "the paragraph naming the boolean spellings"
+    assert (set(spelt[1].split("/")), set(spelt[2].split("/"))) == (envs._TRUE, envs._FALSE)
