@@ -45,6 +45,9 @@ def _versions() -> None:
 
 
 ENTRY_POINT = "dsv41_gfx942"  # the plugin's name in vllm.general_plugins (pyproject.toml)
+#: Names a VLLM_PLUGINS entry may be meant as, spaces, case and dashes aside: the entry point's,
+#: the package's.
+_NEAR_NAMES = (ENTRY_POINT, "dsv41_gfx942_plugin")
 
 
 def _not_loaded_by_vllm() -> str | None:
@@ -56,7 +59,10 @@ def _not_loaded_by_vllm() -> str | None:
                 "installed; vLLM does not load it from a source tree on PYTHONPATH)")  # fmt: skip
     allowed = importlib.import_module("vllm.envs").VLLM_PLUGINS
     if allowed is not None and ENTRY_POINT not in allowed:
-        return f"VLLM_PLUGINS={','.join(allowed)!r} does not list {ENTRY_POINT}"
+        # vLLM compares each name exactly: name the ones that look meant for this plugin.
+        near = [n for n in allowed if n.strip().lower().replace("-", "_") in _NEAR_NAMES]
+        hint = f" (vLLM takes each name exactly: {', '.join(map(repr, near))})" if near else ""
+        return f"VLLM_PLUGINS={','.join(allowed)!r} does not list {ENTRY_POINT}{hint}"
     return None
 
 
