@@ -64,3 +64,45 @@ def test_status_command_survives_a_closed_stdout(unbuffered):
         os.close(write)
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr
+
+
+#: Switch settings on a (stand-in) gfx942 ROCm platform, with what register() decides there.
+_VERDICTS = [
+    ({}, "active"),
+    ({"DSV41_GFX942_TOPK": "0"}, "active"),
+    ({"DSV41_GFX942_CAND_LOGITS": "0", "DSV41_GFX942_FUSED_MARKOV": " Off "}, "active"),
+    ({"DSV41_GFX942_TOPK": "0", "DSV41_GFX942_FUSED_MARKOV": "OFF"}, "inactive: no patch applied"),
+    ({"DSV41_GFX942_TOPK": "nope", "DSV41_GFX942_FUSED_MARKOV": "maybe"},
+     "inactive: no patch applied"),
+    ({"DSV41_GFX942_DISABLE": " Y ", "DSV41_GFX942_TOPK": "1"},
+     "inactive: turned off by DSV41_GFX942_DISABLE"),
+    ({"DSV41_GFX942_DISABLE": "", "DSV41_GFX942_FUSED_MARKOV": ""}, "active"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("env", "decided"), _VERDICTS)
+def test_status_command_says_what_register_decides(clean_plugin, fake_platform, targets,
+                                                   monkeypatch, capsys, env, decided):  # fmt: skip
+    """The command's verdict is register()'s in the same environment (README: it "says what the
+    plugin decides on that machine"), the case where every patch is switched off included,
+    where register() says "inactive: no patch applied"; and the command itself patches nothing
+    (vLLM's originals stay, register() has not run), however much would apply."""
+    from dsv41_gfx942_plugin import __main__ as command
+    from dsv41_gfx942_plugin import patching
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert command.main() == 0
+    out = capsys.readouterr().out
+    assert "error:" not in out
+    assert clean_plugin.status() is None and patching.applied() == {}
+    for patch, _ in patches.PATCHES:
+        owner = patching.resolve(f"{patch.module}:{patch.owner}")
+        assert vars(owner)[patch.attr] is targets[patch.target]
+    [verdict] = [ln for ln in out.splitlines() if "plugin in a vLLM process here:" in ln]
+    clean_plugin.register()
+    assert clean_plugin.status() == decided
+    if decided == "active":
+        assert verdict.endswith(": ACTIVE")
+    else:
+        assert verdict.endswith(": " + decided.replace("no patch applied", "no patch would apply"))

@@ -66,6 +66,14 @@ def _not_loaded_by_vllm() -> str | None:
     return None
 
 
+def _no_patch() -> str | None:
+    """Why register() would apply no patch (each switched off or not fitting this vLLM, as the
+    Patches section says for each), which it reports as inactive; or None."""
+    from .patches import check_all
+
+    return None if None in check_all().values() else "no patch would apply"
+
+
 def _platform() -> str | None:
     from . import inactive_reason
 
@@ -86,7 +94,7 @@ def _platform() -> str | None:
     try:
         platform = importlib.import_module("vllm.platforms").current_platform
         print(f"  vLLM platform: {type(platform).__name__}")
-        reason = _not_loaded_by_vllm() or inactive_reason()
+        reason = _not_loaded_by_vllm() or inactive_reason() or _no_patch()
     except Exception as exc:
         reason = f"could not decide: {type(exc).__name__}: {exc}"
     print(
