@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from dsv41_gfx942_plugin import patches
+from dsv41_gfx942_plugin import envs, patches
 
 
 def _status_command(stdout=subprocess.PIPE, **env) -> subprocess.CompletedProcess:
@@ -85,8 +85,9 @@ def test_status_command_says_what_register_decides(clean_plugin, fake_platform, 
                                                    monkeypatch, capsys, env, decided):  # fmt: skip
     """The command's verdict is register()'s in the same environment (README: it "says what the
     plugin decides on that machine"), the case where every patch is switched off included,
-    where register() says "inactive: no patch applied"; and the command itself patches nothing
-    (vLLM's originals stay, register() has not run), however much would apply."""
+    where register() says "inactive: no patch applied"; it prints each value set and what it
+    reads as; and it patches nothing (vLLM's originals stay, register() has not run), however
+    much would apply."""
     from dsv41_gfx942_plugin import __main__ as command
     from dsv41_gfx942_plugin import patching
 
@@ -99,6 +100,9 @@ def test_status_command_says_what_register_decides(clean_plugin, fake_platform, 
     for patch, _ in patches.PATCHES:
         owner = patching.resolve(f"{patch.module}:{patch.owner}")
         assert vars(owner)[patch.attr] is targets[patch.target]
+    for name, value in env.items():  # each value set, and what it reads as (blank: unset)
+        read = f"{value} (read as {envs.get_bool(name)})" if value.strip() else "<unset: "
+        assert f"\n  {name}={read}" in out
     [verdict] = [ln for ln in out.splitlines() if "plugin in a vLLM process here:" in ln]
     clean_plugin.register()
     assert clean_plugin.status() == decided
