@@ -107,6 +107,27 @@ def test_off_switch_checked_before_platform(clean_plugin, monkeypatch):
     assert clean_plugin.status() == "inactive: turned off by DSV41_GFX942_DISABLE"
 
 
+def test_platform_gate_asks_functions_vllm_has():
+    """The gate's questions (README, How it works: ``current_platform.is_rocm()``,
+    ``vllm.platforms.rocm.on_gfx942()``) are vLLM 0.33.0's own functions, called as they are
+    declared. The other tests stand in for ``vllm.platforms.rocm``, which imports only with a
+    ROCm GPU, so its source is read here: a later 0.33.x without ``on_gfx942`` would make
+    register() log an error with a traceback in every process on ROCm instead of deciding."""
+    import ast
+    import importlib.util
+    import inspect
+    from pathlib import Path
+
+    from vllm.platforms.interface import Platform
+
+    assert list(inspect.signature(Platform.is_rocm).parameters) == ["self"]
+    source = Path(importlib.util.find_spec("vllm.platforms.rocm").origin).read_text()
+    [gate] = [node for node in ast.parse(source).body
+              if isinstance(node, ast.FunctionDef) and node.name == "on_gfx942"]  # fmt: skip
+    assert gate.args.args == gate.args.posonlyargs == gate.args.kwonlyargs == []
+    assert gate.args.vararg is None and gate.args.kwarg is None
+
+
 @pytest.mark.parametrize(("version", "ok"), [("0.33.0", True), ("0.33.7rc1", True),
                                              ("0.32.9", False), ("0.34.0", False),
                                              ("1.33.0", False), ("dev", False)])  # fmt: skip
