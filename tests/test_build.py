@@ -141,6 +141,24 @@ def test_installed_wheel_carries_its_build_info():
         assert any(n.endswith(".gfx942.co") for n in info["code_objects"])
 
 
+def test_installed_wheel_is_pure_python():
+    """README: the wheel holds no torch-ABI-dependent binary, so one wheel serves every torch
+    and ROCm that vLLM 0.33 runs on: it is tagged for any Python and platform, and ships no
+    compiled extension, only Python and the code objects loaded through HIP at run time."""
+    from importlib import metadata
+
+    # The installed wheel's metadata (not a source tree's egg-info, first on PYTHONPATH=src).
+    wheels = [d for d in metadata.distributions(name="dsv41-gfx942-plugin") if d.read_text("WHEEL")]
+    if not wheels:
+        pytest.skip("the plugin's wheel is not installed here (tests/run.sh installs it)")
+    dist = wheels[0]
+    wheel = dist.read_text("WHEEL")
+    assert "Root-Is-Purelib: true" in wheel
+    assert [ln for ln in wheel.splitlines() if ln.startswith("Tag:")] == ["Tag: py3-none-any"]
+    shipped = {Path(str(f)).suffix for f in dist.files or () if "__pycache__" not in str(f)}
+    assert shipped and shipped <= {"", ".py", ".co", ".txt", ".json"}, shipped
+
+
 def _git(cwd: Path, *args: str) -> str:
     who = {
         f"GIT_{r}_{f}": v
