@@ -88,6 +88,65 @@ def test_command_reads_the_require_variable(tmp_path, monkeypatch, one_kernel, r
     assert one_kernel.main(["--arch", "gfx942", "--out", str(tmp_path / "out"), *flag]) == code
 
 
+#: Where a ROCm compiler is put, and whether the build finds it (README, Install: on PATH, or
+#: under $ROCM_PATH, $ROCM_HOME, $HIP_PATH; a blank variable or a folder by the name is none).
+_ROCM_COMPILERS = [
+    ("PATH", "hipcc", True), ("PATH", "amdclang++", True), ("ROCM_PATH", "bin/hipcc", True),
+    ("ROCM_HOME", "llvm/bin/amdclang++", True), ("HIP_PATH", "lib/llvm/bin/amdclang++", True),
+    ("ROCM_PATH", "bin/hipcc/", False), ("ROCM_PATH", "hipcc", False),
+    ("ROCM_PATH", "bin/HIPCC", False), ("", "", False),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("where", "rel", "found"), _ROCM_COMPILERS)
+def test_rocm_compiler_search(tmp_path, monkeypatch, hip_build, where, rel, found):
+    """The build finds ROCm's compiler where the README says it looks, and nothing elsewhere."""
+    if Path("/opt/rocm").exists():
+        pytest.skip("a ROCm install here would be found whatever the test sets")
+    root = tmp_path / "root"
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    for name in ("ROCM_PATH", "ROCM_HOME", "HIP_PATH"):
+        monkeypatch.setenv(name, "")  # blank: no root
+    if where:
+        target = root / rel
+        if rel.endswith("/"):
+            target.mkdir(parents=True)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text("#!/bin/sh\n")
+            target.chmod(0o755)
+        monkeypatch.setenv(where, str(root if where != "PATH" else target.parent))
+    assert hip_build.find_rocm_compiler() == (str(root / rel) if found else None)
+
+
+def test_rocm_roots_in_order(monkeypatch, hip_build):
+    """$ROCM_PATH, $ROCM_HOME, $HIP_PATH, then /opt/rocm (README, Install); an unset or empty
+    variable is skipped."""
+    monkeypatch.setenv("ROCM_PATH", "/a")
+    monkeypatch.setenv("ROCM_HOME", "")
+    monkeypatch.setenv("HIP_PATH", "/c")
+    assert hip_build._rocm_roots() == [Path("/a"), Path("/c"), Path("/opt/rocm")]
+    monkeypatch.delenv("ROCM_PATH")
+    monkeypatch.setenv("ROCM_HOME", "/b")
+    assert hip_build._rocm_roots() == [Path("/b"), Path("/c"), Path("/opt/rocm")]
+
+
+@pytest.mark.parametrize(
+    ("says", "major"),
+    [("Ubuntu clang version 19.1.7 (3)", 19), ("clang version 16.0.6", 16), ("gcc 14", 0),
+     ("", 0), (None, 0)],
+)  # fmt: skip
+def test_plain_clang_version(tmp_path, hip_build, says, major):
+    """A plain clang counts from version 17 (README: "a plain clang >= 17"); its version is read
+    from ``--version``, and one that says none, or no program, counts as none."""
+    clang = tmp_path / "clang++"
+    if says is not None:
+        clang.write_text(f"#!/bin/sh\necho '{says}'\n")
+        clang.chmod(0o755)
+    assert hip_build._clang_major(str(clang)) == major
+    assert hip_build.MIN_CLANG == 17
+
+
 def test_unknown_arch_is_refused(tmp_path, hip_build):
     with pytest.raises(ValueError, match="gfx90a"):
         hip_build.build("gfx90a", tmp_path)
