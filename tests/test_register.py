@@ -60,6 +60,7 @@ def test_inactive_reasons_in_order(clean_plugin, fake_platform, monkeypatch, plu
     ]
 
 
+@pytest.mark.parametrize("no_metadata", ["no dist-info", "dist-info without METADATA"])
 @pytest.mark.parametrize(("dunder", "status"), [
     ("0.33.0", "active"),
     ("0.32.1", "inactive: vLLM 0.32.1 is not supported (needs >=0.33,<0.34)"),
@@ -67,10 +68,11 @@ def test_inactive_reasons_in_order(clean_plugin, fake_platform, monkeypatch, plu
     (0.33, "inactive: no vLLM version found (no distribution metadata, no vllm.__version__)"),
 ])  # fmt: skip
 def test_vllm_without_metadata(clean_plugin, fake_platform, monkeypatch, plugin_log, dunder,
-                               status):  # fmt: skip
-    """A vLLM installed without its distribution metadata is judged by ``vllm.__version__``;
-    with neither (or a ``__version__`` that is no string), the plugin stays off with its INFO
-    line (no ERROR, no traceback)."""
+                               status, no_metadata):  # fmt: skip
+    """A vLLM installed without its distribution metadata (no dist-info folder; or one without
+    its METADATA file, for which Python's ``metadata.version`` returns None) is judged by
+    ``vllm.__version__``; with neither (or a ``__version__`` that is no string), the plugin
+    stays off with its INFO line (no ERROR, no traceback)."""
     from importlib import metadata
 
     import vllm
@@ -78,9 +80,11 @@ def test_vllm_without_metadata(clean_plugin, fake_platform, monkeypatch, plugin_
     real = metadata.version
 
     def version(name):
-        if name == "vllm":
+        if name != "vllm":
+            return real(name)
+        if no_metadata == "no dist-info":
             raise metadata.PackageNotFoundError(name)
-        return real(name)
+        return None
 
     monkeypatch.setattr(metadata, "version", version)
     if dunder is None:

@@ -21,14 +21,17 @@ _status: str | None = None
 
 def vllm_version() -> str | None:
     """The installed vLLM's version: from its distribution metadata, else (a build installed
-    without metadata) its ``vllm.__version__``; None when neither is there."""
+    without metadata, or with a dist-info folder that lacks it, where ``metadata.version`` gives
+    None) its ``vllm.__version__``; None when neither is there."""
     import importlib
     from importlib import metadata
 
     try:
-        return metadata.version("vllm")
+        version = metadata.version("vllm")
     except metadata.PackageNotFoundError:
-        pass
+        version = None
+    if isinstance(version, str):
+        return version
     try:
         version = importlib.import_module("vllm").__version__
     except (ImportError, AttributeError):
