@@ -70,10 +70,23 @@ def test_require_variable(raw, required, monkeypatch, hip_build):
         assert hip_build._required() is required
 
 
-def test_build_package_reads_the_require_variable(tmp_path, monkeypatch, one_kernel):
-    monkeypatch.setenv(one_kernel.REQUIRE_ENV, "2")
-    with pytest.raises(one_kernel.BuildError, match="not a boolean"):
-        one_kernel.build_package(tmp_path / "pkg")
+@pytest.mark.parametrize(
+    ("raw", "error"),
+    [("2", "not a boolean"), ("required", "not a boolean"), ("1", "no compiler"),
+     (" TRUE ", "no compiler"), ("0", None), ("", None), (" ", None)],
+)  # fmt: skip
+def test_build_package_reads_the_require_variable(tmp_path, monkeypatch, one_kernel, raw, error):
+    """The wheel build (setup.py calls build_package) without a compiler: an error where the
+    switch is on in any spelling (README: a missing compiler is an error) or not a boolean; a
+    wheel without code objects where it is off, empty or blank."""
+    monkeypatch.setattr(one_kernel, "find_compiler", lambda arch: None)
+    monkeypatch.setenv(one_kernel.REQUIRE_ENV, raw)
+    (tmp_path / "pkg").mkdir()  # the built package's folder, as setup.py hands it over
+    if error is None:
+        assert one_kernel.build_package(tmp_path / "pkg")["code_objects"] == {}
+    else:
+        with pytest.raises(one_kernel.BuildError, match=error):
+            one_kernel.build_package(tmp_path / "pkg")
 
 
 @pytest.mark.parametrize(
