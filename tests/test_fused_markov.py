@@ -171,6 +171,24 @@ def test_many_vocabulary_blocks(greedy, fp64, vocab, monkeypatch):
     assert stats.tokens_equal == stats.tokens
 
 
+def test_fp64_scan_keeps_the_first_of_equal_block_maxima(monkeypatch):
+    """fp64 noise: each step's token comes from a scan of the vocabulary blocks' bests,
+    ``NB_CHUNK`` blocks at a time, which must keep the first of equal maxima across chunks too
+    (torch's argmax in vLLM's loop; DSv4.1's 1010 blocks of 128 take 8 chunks). Chunks of 2
+    blocks of 256 here; zero temperature (no noise) and two equal largest logits in blocks 0
+    and 2 (tokens 10 and 700) make the tie, which the other cases' random rows hardly ever do."""
+    monkeypatch.setattr(F, "BV_INTERP", 256)
+    monkeypatch.setattr(F, "NB_CHUNK", 2)
+    spec, hidden = R.make_case(
+        vocab=1500, rows=4, n_spec=3, fp64=True, temps=(0.0,), inert=0.0, seed=95
+    )
+    spec.model.base[:, 10] = spec.model.base[:, 700] = 1e4  # one bf16 value, the bias far below
+    took, ref, out = R.run_both(spec, 4, hidden, F.sample_sequential)
+    assert took
+    assert torch.equal(out["tokens"][:4], ref["tokens"][:4])
+    assert (out["tokens"][:4] == 10).all()
+
+
 @pytest.mark.parametrize("from_anchor", [True, False], ids=["anchor-first", "bonus-first"])
 def test_a_replay_in_the_state_vllms_prepare_kernel_leaves(from_anchor):
     """The sampling state as vLLM's own ``prepare_dflash_inputs`` writes it before a FULL graph's
@@ -655,6 +673,19 @@ def test_launch_keys_tell_configurations_apart():
     keys = [key(), key(greedy=True), key(fp64=True), key(head=rank128)]
     keys.append(key(torch.device("cuda", 0)))
     assert len(set(keys)) == len(keys) and key() == keys[0]
+
+
+def test_launch_configuration_follows_the_draft_method():
+    """On a GPU a greedy speculator's steps launch with ``GREEDY_GPU_CONFIGS`` (64-row tiles at
+    64 rows), a sampled one's with ``GPU_CONFIGS`` (32-row tiles): ``_launch_key`` picks the
+    table by the speculator's drafts. Under the interpreter both share their block sizes, so
+    the step tests cannot tell (a greedy step on the sampled table gives the same tokens,
+    slower)."""
+    cuda = torch.device("cuda", 0)
+    greedy, _ = _base_case(seed=73, greedy=True, max_num_reqs=64)
+    sampled, _ = _base_case(seed=73, max_num_reqs=64)
+    assert F._launch_key(greedy, 64, cuda)[1]["R_TILE"] == 64
+    assert F._launch_key(sampled, 64, cuda)[1]["R_TILE"] == 32
 
 
 @pytest.mark.parametrize("hip", [None, "6.3.42131"], ids=["cuda", "rocm"])

@@ -125,6 +125,19 @@ def test_check_names_the_op_that_differs(monkeypatch, op, named):
     assert differs is not None and differs.startswith(named), differs
 
 
+@pytest.mark.parametrize(
+    "ends,next_n", [([[-5], [9], [800]], 1), ([1, 700], 3)], ids=["2-D", "1-D causal"]
+)
+def test_check_row_ends_are_the_top_ks(ends, next_n):
+    """The check's row ends (``_ends``) are the top-k's contract (ref_topk.decode_row_ends),
+    clamped to [0, width] at both bounds: the causal ends -1, 0, 1 and 698-700 of a width of
+    600. The check's own rows end neither below 0 nor past the width, so a wrong clamp would
+    show only once rows that do are added (an end below 0 then raises in ``_iota_ok``)."""
+    seq = torch.tensor(ends, dtype=torch.int32)
+    rows = seq.numel() * (next_n if seq.dim() == 1 else 1)
+    assert _topk_check._ends(seq, rows, next_n, 600) == ref.decode_row_ends(seq, rows, next_n, 600)
+
+
 def test_check_fails_on_recorded_launches(monkeypatch):
     """The real ops with kernels that write nothing (tests/test_topk_hooks.py's recorders)."""
     from test_topk_hooks import FakeScratch, Recorder

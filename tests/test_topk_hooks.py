@@ -239,6 +239,20 @@ def test_decode_refuses(calls, change, monkeypatch):
     assert idx is None or idx.is_meta or bool((idx == 7).all())
 
 
+def test_two_overlapping_rows_are_refused(calls):
+    """Only a single row cannot overlap itself: two output rows 256 apart (decode and candidate
+    top-k) or one candidate row twice (selection) are refused like six, nothing launched or
+    written (the cases above have six rows)."""
+    logits, next_n, seq, _ = decode_inputs(rows=2)
+    idx = torch.full((3 * 256,), 7, dtype=torch.int32).as_strided((2, 512), (256, 1))
+    assert not topk.decode_top_k(logits, next_n, seq, idx, 512)
+    cands = torch.zeros(2, 2048, dtype=torch.int32)
+    assert not topk.candidate_top_k(logits, next_n, seq, cands, 8, idx, 512)
+    assert not topk.select_candidates(logits, next_n, seq, 8, cands[:1].expand(2, -1))
+    assert calls == []
+    assert bool((idx == 7).all()) and bool((cands == 0).all())
+
+
 def test_decode_zero_rows_is_done_without_a_launch(calls):
     logits, next_n, seq, idx = decode_inputs(rows=0)
     assert topk.decode_top_k(logits, next_n, seq, idx, 512) is True
