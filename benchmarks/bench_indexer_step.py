@@ -21,14 +21,7 @@ from pathlib import Path
 
 import torch
 
-from _timing import (
-    graphed,
-    mean_us,
-    require_gpu,
-    require_topk_kernels,
-    summary,
-    use_checkout,
-)
+from _timing import graphed, mean_us, require_gpu, require_topk_kernels, summary, use_checkout
 
 use_checkout()
 

@@ -36,14 +36,7 @@ from pathlib import Path
 
 import torch
 
-from _timing import (
-    graphed,
-    mean_us,
-    require_gpu,
-    require_topk_kernels,
-    summary,
-    use_checkout,
-)
+from _timing import graphed, mean_us, require_gpu, require_topk_kernels, summary, use_checkout
 
 use_checkout()
 import _topk_floors as floors  # noqa: E402
@@ -51,7 +44,6 @@ from dsv41_gfx942_plugin.ops import topk  # noqa: E402
 from indexer_step import vllm_top_k_loaded  # noqa: E402
 
 DEV = "cuda"
-VLLM_TOP_K = None  # vLLM's top_k_per_row_decode where it loads (main() looks once)
 
 
 def taken(hook, name):
@@ -78,9 +70,10 @@ def masked(x: torch.Tensor) -> torch.Tensor:
 
 def vllm_decode(x, seq, idx):
     """vLLM's top-512 of ``x`` up to the ends ``seq`` as a callable, or None where it is absent."""
-    if VLLM_TOP_K is None:
+    if not vllm_top_k_loaded():
         return None
-    return lambda: VLLM_TOP_K(x, 1, seq, idx, x.shape[0], x.stride(0), x.stride(1), 512)
+    op = torch.ops._C.top_k_per_row_decode
+    return lambda: op(x, 1, seq, idx, x.shape[0], x.stride(0), x.stride(1), 512)
 
 
 def decode_case(name, x, seq, seen=None):
@@ -243,11 +236,9 @@ def main() -> int:
     args = parser.parse_args()
     require_gpu("bench_topk.py")
     require_topk_kernels("bench_topk.py")
-    global VLLM_TOP_K
-    VLLM_TOP_K = torch.ops._C.top_k_per_row_decode if vllm_top_k_loaded() else None
     torch.manual_seed(0)
     results = []
-    top_k = "vLLM's top_k_per_row_decode" if VLLM_TOP_K else "absent (vLLM us: -)"
+    top_k = "vLLM's top_k_per_row_decode" if vllm_top_k_loaded() else "absent (vLLM us: -)"
     print(f"{torch.cuda.get_device_name()} (torch {torch.__version__}); vLLM's top-k: {top_k}")
     print(
         f"{'shape':44s} {'plugin us':>10s} {'floor us':>9s} {'/floor':>7s} {'vLLM us':>9s}"
