@@ -16,15 +16,22 @@ ROOT = Path(__file__).resolve().parents[1]
 GPU_BENCHMARKS = ["bench_topk", "bench_indexer_step", "bench_cand_logits", "bench_markov"]
 
 
-@pytest.fixture
-def timing(monkeypatch):
+def load(name: str, monkeypatch):
+    """``benchmarks/<name>.py`` as a module, with ``benchmarks/`` and ``src/`` on the path its
+    imports need (undone after the test)."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    monkeypatch.syspath_prepend(str(ROOT / "src"))
     spec = importlib.util.spec_from_file_location(
-        "_timing_test", ROOT / "benchmarks" / "_timing.py"
+        f"_{name}_test", ROOT / "benchmarks" / f"{name}.py"
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture
+def timing(monkeypatch):
+    return load("_timing", monkeypatch)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
@@ -71,13 +78,7 @@ def test_benchmarks_run_this_checkout(timing, monkeypatch):
 def test_markov_floor_takes_the_gpus_bandwidth(monkeypatch, device, tbps):
     """The Markov benchmark's memory floor divides by this GPU's peak bandwidth (once the H200's
     on every GPU), none for a GPU it does not know; --hbm-tbps names it."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    monkeypatch.syspath_prepend(str(ROOT / "src"))
-    spec = importlib.util.spec_from_file_location(
-        "_bench_markov_test", ROOT / "benchmarks" / "bench_markov.py"
-    )
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load("bench_markov", monkeypatch)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: device)
     assert bench.hbm_bytes_per_s(None) == (tbps and tbps * 1e12)
     assert bench.hbm_bytes_per_s(7.0) == 7.0e12
@@ -85,20 +86,13 @@ def test_markov_floor_takes_the_gpus_bandwidth(monkeypatch, device, tbps):
     assert round(one_row, 1) == 69.5  # the README's 1-row floor on the H200
 
 
-def load_trim_fatbin():
-    spec = importlib.util.spec_from_file_location("_trim", ROOT / "benchmarks" / "trim_fatbin.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_trim_fatbin_keeps_only_sm90_cubins(tmp_path):
+def test_trim_fatbin_keeps_only_sm90_cubins(monkeypatch):
     """The library carried to the H100/H200 for vLLM's top-k baseline: every byte outside the
     fat binary as it was, the sm_90 cubins as they were, everything else of the fat binary
     zero (checked on vLLM 0.33.0's own library)."""
     import vllm
 
-    trim_fatbin = load_trim_fatbin()
+    trim_fatbin = load("trim_fatbin", monkeypatch)
     lib = Path(vllm.__file__).parent / "_C_stable_libtorch.abi3.so"
     original = lib.read_bytes()
     data = bytearray(original)
@@ -129,7 +123,7 @@ def test_trim_fatbin_refuses_a_malformed_fat_binary(monkeypatch, entry_header, p
     forever nor zeroing (or growing) bytes outside it."""
     import struct
 
-    trim_fatbin = load_trim_fatbin()
+    trim_fatbin = load("trim_fatbin", monkeypatch)
     entry = struct.pack("<HHIQ", 2, 0, entry_header, payload) + bytes(16)
     head = struct.pack("<IHHQ", trim_fatbin.FATBIN_MAGIC, 1, 16, len(entry) + length_extra)
     data = bytearray(head + entry)
