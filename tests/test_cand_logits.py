@@ -637,6 +637,33 @@ def test_hook_returns_false_when_the_top_k_is_not_built(fake_topk, monkeypatch):
     assert "logits" not in fake_topk and "topk" not in fake_topk
 
 
+def test_hook_declines_q_off_the_gpu_before_any_launch(fake_topk, monkeypatch):
+    """A built top-k does not make q on the CPU launchable: Triton would launch the logits
+    kernel on the current GPU with host pointers. Declined before the logits kernel runs."""
+    module = sys.modules["dsv41_gfx942_plugin.ops.topk"]
+    monkeypatch.setattr(module, "build", lambda: True, raising=False)
+    args = hook_args()
+    assert cand_logits.candidate_logits_top_k(**args) is False
+    assert fake_topk == {} and (args["indices"] == -7).all()
+
+
+@pytest.mark.gpu
+def test_hook_declines_q_on_another_gpu_before_any_launch(fake_topk, monkeypatch):
+    """q on a GPU that is not the current one (here: the current device is said to be 1):
+    the logits kernel would run on the current GPU and read q's memory there. Declined
+    before it runs."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    module = sys.modules["dsv41_gfx942_plugin.ops.topk"]
+    monkeypatch.setattr(module, "build", lambda: True, raising=False)
+    args = {k: v.to("cuda:0") if isinstance(v, torch.Tensor) else v for k, v in hook_args().items()}
+    assert cand_logits.candidate_logits_top_k(**args) is True  # on the current GPU: taken
+    fake_topk.clear()
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert cand_logits.candidate_logits_top_k(**args) is False
+    assert fake_topk == {}
+
+
 def test_hook_returns_false_without_compact_top_k(monkeypatch):
     monkeypatch.setitem(sys.modules, "dsv41_gfx942_plugin.ops.topk", types.ModuleType("topk"))
     launched = []

@@ -9,6 +9,8 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
 import types
 from pathlib import Path
 
@@ -119,8 +121,13 @@ def test_file_maps_lists_this_process_libraries(tmp_path):
 # error 1) and records them with the launch's configuration.
 FAKE_HIP = """
 #include <string.h>
-static int last, fail;
+#include <unistd.h>
+static int last, fail, delay_us;
 void set_fail(int which) { fail = which; }
+void set_delay(int us) { delay_us = us; }
+volatile int in_launch;
+unsigned long long first_args[16];
+int logged;
 int pending(void) { return last; }
 static int result(int which) { if (fail != which) return 0; last = 200; return 200; }
 static void *loaded_module = (void *)0xBEEF, *kernel_fn = (void *)0xF00D, *asked_module;
@@ -142,7 +149,12 @@ int hipModuleLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsign
   unsigned long long got[10] = {(size_t)f, gx, gy, gz, bx, by, bz, shared, (size_t)stream,
                                 *(size_t *)extra[3]};
   memcpy(launched, got, sizeof got);
+  in_launch = 1;
+  int wait = delay_us;  /* the first launch after set_delay reads its buffer late */
+  delay_us = 0;
+  if (wait) usleep(wait);
   memcpy(arg_bytes, extra[1], *(size_t *)extra[3]);
+  first_args[__sync_fetch_and_add(&logged, 1) % 16] = *(unsigned long long *)extra[1];
   return asked_module == loaded_module && f == kernel_fn ? 0 : 2;
 }
 int hipGetLastError(void) { int e = last; last = 0; return e; }
@@ -217,6 +229,25 @@ def test_a_launch_hands_hip_its_arguments_as_the_kernel_lays_them_out(fake_hip, 
         (0x1122334455667788).to_bytes(8, "little") + (-2).to_bytes(4, "little", signed=True)
         + bytes(4) + (-3).to_bytes(8, "little", signed=True) + (0x99).to_bytes(8, "little")
     )  # fmt: skip
+
+
+def test_launches_from_two_threads_each_hand_hip_their_own_arguments(fake_hip, tmp_path):
+    """One thread's launch is inside the runtime, its argument buffer not yet read (ctypes lets
+    other threads run then), when another thread launches the same kernel: each launch must
+    still pass its own arguments, not the other's, so the second waits for the first."""
+    image = tmp_path / "topk512.gfx942.co"
+    image.write_bytes(b"\x7fELF")
+    kernel = _launcher.Module(image, {"k": "P"}, 0).kernels["k"]
+    fake_hip.set_delay(200_000)
+    first = threading.Thread(target=kernel, args=((1, 1, 1), 64, 0, 0x1111))
+    first.start()
+    in_launch = ctypes.c_int.in_dll(fake_hip, "in_launch")
+    while not in_launch.value:
+        time.sleep(0.001)
+    kernel((1, 1, 1), 64, 0, 0x2222)
+    first.join()
+    assert ctypes.c_int.in_dll(fake_hip, "logged").value == 2
+    assert list((ctypes.c_ulonglong * 2).in_dll(fake_hip, "first_args")) == [0x1111, 0x2222]
 
 
 def test_stream_handle_is_the_devices_current_stream(monkeypatch):

@@ -212,6 +212,10 @@ def candidate_logits(
         _cand_logits_gfx942[(rows * splits,)](*args, **meta, waves_per_eu=WAVES_PER_EU)
 
 
+def _on_current_gpu(t: torch.Tensor) -> bool:
+    return t.is_cuda and t.device.index == torch.cuda.current_device()
+
+
 def _hook_takes(
     q_fp8, kv_cache, weights, seq_lens, block_table, candidates, block_size, indices,
     topk_tokens, dense_is_aiter_gluon, requires_padding,
@@ -319,9 +323,11 @@ def candidate_logits_top_k(
         # The text, not the exception: a new exception object each call would log each call.
         logger.debug_once("candidate logits: no compact top-512 (%s), vLLM's path runs", str(err))
         return False
-    # Its code object may be missing (a failed build): then decline before any work.
+    # Its code object may be missing (a failed build): then decline before any work. So does
+    # q off the current GPU: Triton launches the logits kernel on the current device, which
+    # would read another device's memory (the top-k, too late, declines such tensors itself).
     build = getattr(topk, "build", None)
-    if build is not None and not build():
+    if build is not None and not (build() and _on_current_gpu(q_fp8)):
         return False
     batch, next_n = q_fp8.shape[:2]
     rows = batch * next_n
