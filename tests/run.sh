@@ -47,17 +47,14 @@ fi
 if [ -n "${DSV41_TEST_VENV:-}" ]; then
   # The user's environment: vLLM 0.33.x (any local build) must be there; never replaced.
   "$PY" - <<'PY'
-import importlib.metadata as m
 import sys
 
 sys.path.insert(0, "src")
-from dsv41_gfx942_plugin import vllm_supported
+from dsv41_gfx942_plugin import vllm_supported, vllm_version
 
-try:
-    v = m.version("vllm")
-except m.PackageNotFoundError:
-    v = "none"
-sys.exit(0 if vllm_supported(v) else f"DSV41_TEST_VENV={sys.prefix} holds vLLM {v}, not 0.33.x")
+v = vllm_version()  # the plugin's own lookup: metadata, else vllm.__version__
+if v is None or not vllm_supported(v):
+    sys.exit(f"DSV41_TEST_VENV={sys.prefix} holds vLLM {v or 'none'}, not 0.33.x")
 PY
 elif ! cached_venv_ok; then
   echo "== creating $VENV with vllm==0.33.0"

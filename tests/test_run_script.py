@@ -8,6 +8,7 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,40 @@ def test_user_environment(tmp_path, hip, require, built_with):
     assert any(c.startswith("-m ruff check .") for c in calls)
     assert any(c.startswith("-m ruff format --check .") for c in calls)
     assert calls[-1].startswith("-m pytest") and "-m gpu or gfx942 |" in calls[-1]
+
+
+def _version_check() -> str:
+    """run.sh's check of the user's vLLM: the Python it feeds ``"$PY" -`` (its first heredoc)."""
+    text = (ROOT / "tests/run.sh").read_text()
+    return text.split("\"$PY\" - <<'PY'\n", 1)[1].split("\nPY\n", 1)[0]
+
+
+@pytest.mark.parametrize(
+    ("dist_info", "dunder", "passes", "said"),
+    [(None, "0.33.0+rocm700", True, ""), ("", "0.33.1", True, ""),
+     ("Version: 0.33.0rc1\n", None, True, ""), (None, "0.34.0", False, "vLLM 0.34.0, not"),
+     (None, None, False, "vLLM none, not")],
+    ids=["no-metadata", "dist-info-without-metadata", "metadata", "other-version", "no-version"],
+)  # fmt: skip
+def test_user_environment_vllm_check(tmp_path, dist_info, dunder, passes, said):
+    """The check asks the plugin's own lookup (``vllm_version``): a build installed without
+    metadata, or whose dist-info lacks its METADATA file (``metadata.version`` then gives None,
+    which the check once handed on and failed with a traceback), is judged by its
+    ``vllm.__version__``; another version or none stops the script with one line naming it.
+    Run with ``-S`` and only the stand-in vLLM on the path, so this machine's vLLM is unseen."""
+    pkg = tmp_path / "vllm"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("" if dunder is None else f"__version__ = {dunder!r}\n")
+    if dist_info is not None:
+        info = tmp_path / "vllm-0.33.0.dist-info"
+        info.mkdir()
+        if dist_info:
+            (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\n{dist_info}")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-S", "-"], input=_version_check(), cwd=ROOT, env=env,
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert (done.returncode == 0) is passes, done.stderr
+    assert "Traceback" not in done.stderr
+    assert said in done.stderr
