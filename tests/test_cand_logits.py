@@ -26,6 +26,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 
 import ref_indexer
 from dsv41_gfx942_plugin.ops import _cand_kernels, _cand_layout, cand_logits
+from dsv41_gfx942_plugin.ops import topk as real_topk
 
 CUDA = torch.cuda.is_available() and torch.version.hip is None
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs an NVIDIA GPU (the portable twin)")
@@ -554,7 +555,8 @@ def test_hook_takes_the_base_call():
 
 @pytest.fixture
 def fake_topk(monkeypatch):
-    """ops.topk with a recording compact_top_k_512, and candidate_logits recording its call."""
+    """ops.topk with a recording compact_top_k_512 and a ``serves`` that takes every tensor,
+    and candidate_logits recording its call."""
     calls = {}
     module = types.ModuleType("dsv41_gfx942_plugin.ops.topk")
 
@@ -566,6 +568,7 @@ def fake_topk(monkeypatch):
         calls["logits"] = args
 
     module.compact_top_k_512 = compact_top_k_512
+    module.serves = lambda t: True
     monkeypatch.setitem(sys.modules, "dsv41_gfx942_plugin.ops.topk", module)
     monkeypatch.setattr(cand_logits, "candidate_logits", fake_candidate_logits)
     return calls
@@ -630,18 +633,24 @@ def test_hook_returns_false_when_the_top_k_declines(fake_topk):
     assert cand_logits.candidate_logits_top_k(**hook_args()) is False
 
 
-def test_hook_returns_false_when_the_top_k_is_not_built(fake_topk, monkeypatch):
+def test_hook_asks_the_top_k_whether_it_serves_q_first(fake_topk, monkeypatch):
+    """A top-k that does not serve q (its code object failed to load, q off the current GPU):
+    declined before the logits kernel runs, and ``serves`` was asked about q itself."""
+    asked = []
     module = sys.modules["dsv41_gfx942_plugin.ops.topk"]
-    monkeypatch.setattr(module, "build", lambda: False, raising=False)
-    assert cand_logits.candidate_logits_top_k(**hook_args()) is False
-    assert "logits" not in fake_topk and "topk" not in fake_topk
+    monkeypatch.setattr(module, "serves", lambda t: asked.append(t) and False)
+    args = hook_args()
+    assert cand_logits.candidate_logits_top_k(**args) is False
+    assert asked == [args["q_fp8"]] and fake_topk == {} and (args["indices"] == -7).all()
 
 
 def test_hook_declines_q_off_the_gpu_before_any_launch(fake_topk, monkeypatch):
-    """A built top-k does not make q on the CPU launchable: Triton would launch the logits
-    kernel on the current GPU with host pointers. Declined before the logits kernel runs."""
-    module = sys.modules["dsv41_gfx942_plugin.ops.topk"]
-    monkeypatch.setattr(module, "build", lambda: True, raising=False)
+    """Loaded kernels do not make q on the CPU launchable: Triton would launch the logits kernel
+    on the current GPU with host pointers. The real ``topk.serves``, with kernels said to be
+    loaded on device 0, the current one: declined before the logits kernel runs."""
+    monkeypatch.setattr(real_topk, "_modules", {0: types.SimpleNamespace(kernels={})})
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(sys.modules["dsv41_gfx942_plugin.ops.topk"], "serves", real_topk.serves)
     args = hook_args()
     assert cand_logits.candidate_logits_top_k(**args) is False
     assert fake_topk == {} and (args["indices"] == -7).all()
@@ -650,12 +659,12 @@ def test_hook_declines_q_off_the_gpu_before_any_launch(fake_topk, monkeypatch):
 @pytest.mark.gpu
 def test_hook_declines_q_on_another_gpu_before_any_launch(fake_topk, monkeypatch):
     """q on a GPU that is not the current one (here: the current device is said to be 1):
-    the logits kernel would run on the current GPU and read q's memory there. Declined
-    before it runs."""
+    the logits kernel would run on the current GPU and read q's memory there. The real
+    ``topk.serves``, kernels said to be loaded on device 0: declined before it runs."""
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")
-    module = sys.modules["dsv41_gfx942_plugin.ops.topk"]
-    monkeypatch.setattr(module, "build", lambda: True, raising=False)
+    monkeypatch.setattr(real_topk, "_modules", {0: types.SimpleNamespace(kernels={})})
+    monkeypatch.setattr(sys.modules["dsv41_gfx942_plugin.ops.topk"], "serves", real_topk.serves)
     args = {k: v.to("cuda:0") if isinstance(v, torch.Tensor) else v for k, v in hook_args().items()}
     assert cand_logits.candidate_logits_top_k(**args) is True  # on the current GPU: taken
     fake_topk.clear()

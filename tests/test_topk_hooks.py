@@ -538,7 +538,12 @@ def test_kernels_only_for_the_current_device(monkeypatch):
     assert topk._kernels(on(0)) == {"k": 1}
     assert topk._kernels(on(1)) is None  # not current: never loaded from here
     assert topk._kernels(on(2)) is None  # failed before
+    # serves (the candidate-logits hook's question) answers the same, a host tensor never.
+    assert [topk.serves(on(i)) for i in (0, 1, 2)] == [True, False, False]
+    assert topk.serves(SimpleNamespace(is_cuda=False)) is False
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
     assert topk._kernels(on(0)) is None  # loaded, but another device is current
+    assert topk.serves(on(0)) is False
     monkeypatch.setattr(topk, "build", lambda: topk._modules.__setitem__(1, loaded) or True)
     assert topk._kernels(on(1)) == {"k": 1}  # current and not loaded: loads
+    assert topk.serves(on(1)) is True

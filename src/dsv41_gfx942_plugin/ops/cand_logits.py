@@ -212,10 +212,6 @@ def candidate_logits(
         _cand_logits_gfx942[(rows * splits,)](*args, **meta, waves_per_eu=WAVES_PER_EU)
 
 
-def _on_current_gpu(t: torch.Tensor) -> bool:
-    return t.is_cuda and t.device.index == torch.cuda.current_device()
-
-
 def _hook_takes(
     q_fp8, kv_cache, weights, seq_lens, block_table, candidates, block_size, indices,
     topk_tokens, dense_is_aiter_gluon, requires_padding,
@@ -316,7 +312,7 @@ def candidate_logits_top_k(
         return False
     try:
         topk = importlib.import_module(f"{__package__}.topk")
-        compact_top_k_512 = topk.compact_top_k_512
+        compact_top_k_512, serves = topk.compact_top_k_512, topk.serves
     except (ImportError, AttributeError) as err:
         from .._log import logger  # vLLM's logger; imported here so the kernels run without vLLM
 
@@ -326,8 +322,7 @@ def candidate_logits_top_k(
     # Its code object may be missing (a failed build): then decline before any work. So does
     # q off the current GPU: Triton launches the logits kernel on the current device, which
     # would read another device's memory (the top-k, too late, declines such tensors itself).
-    build = getattr(topk, "build", None)
-    if build is not None and not (build() and _on_current_gpu(q_fp8)):
+    if not serves(q_fp8):
         return False
     batch, next_n = q_fp8.shape[:2]
     rows = batch * next_n

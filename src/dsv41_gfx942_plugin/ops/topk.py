@@ -155,6 +155,13 @@ def _kernels(t: torch.Tensor) -> dict[str, _launcher.Kernel] | None:
     return module.kernels
 
 
+def serves(t: torch.Tensor) -> bool:
+    """Whether the kernels can take tensors on t's device: loaded there (loading them once, as
+    ``build``) and that device the current one, where a launch runs. The candidate-logits hook
+    asks before its own launch."""
+    return _kernels(t) is not None
+
+
 def _is_int32_lens(seq_lens, rows: int, next_n: int, device) -> bool:
     if not isinstance(seq_lens, torch.Tensor):
         return False
