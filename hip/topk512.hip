@@ -24,16 +24,29 @@ constexpr uint32_t KEY_POS_INF = 0xff800000u;
 // ptxas holds it to 128 registers and spills); 1024 x 16 13.1 / 29.7 / 43.6 / 225. The
 // per-warp work is a long serial chain (latency and instruction-fetch stalls), so neither fewer
 // nor more warps a workgroup changes much.
-// CHUNK_GROUP: a chunk's 16384 keys in groups of 16 give 1024 maxima (a partial chunk of at
-// least 2048 keys still gives the 512 a floor needs: each thread's first group holds its first
-// float4). The maxima of 16 random keys seldom straddle zero, so the floor pass's bins are fine
-// and fewer keys pass the floor (a Python model of the algorithm on random rows: 770 against
-// 1696 with groups of 8). One same-run A/B (H200, 8 -> 16, with the 512 x 16 merge below):
-// dense 6x16k / 6x128k / 32x128k / 32x1M 12.32 -> 9.62 / 21.42 -> 18.29 / 33.99 -> 28.96 /
-// 200.5 -> 178.6 us, rows of random lengths (half to all of 128k, 1M) 6x128k 27.5 -> 21.9,
-// 32x1M 162.5 -> 144.7; masked rows 0-8% faster. Groups of 4 were slower everywhere (dense
-// 6x128k 30.3), of 32 slower on dense rows (28.3). The model puts 1-2% of partial chunks of
-// 7000-7600 random keys above the LDS list (the register path); full chunks, none.
+// CHUNK_GROUP: a chunk's 16384 keys in groups of 16 give 1024 maxima (a partial chunk of at least
+// 1024 keys still gives the 512 a floor needs: each of a thread's two groups holds half of its
+// first float4, below). The maxima of 16 random keys seldom straddle zero, so the floor pass's bins
+// are fine and fewer keys pass the floor (a Python model of the algorithm on random rows: 770
+// against 1696 with groups of 8). One same-run A/B (H200, 8 -> 16, with the 512 x 16 merge below):
+// dense 6x16k / 6x128k / 32x128k / 32x1M 12.32 -> 9.62 / 21.42 -> 18.29 / 33.99 -> 28.96 / 200.5 ->
+// 178.6 us, rows of random lengths (half to all of 128k, 1M) 6x128k 27.5 -> 21.9, 32x1M 162.5 ->
+// 144.7; masked rows 0-8% faster. Groups of 4 were slower everywhere (dense 6x128k 30.3), of 32
+// slower on dense rows (28.3). The model puts 1-2% of partial chunks of 7000-7600 random keys above
+// the LDS list (the register path); full chunks, none.
+// The groups are interleaved (group g of a thread: its slots g, g + 2, ...: half of each of
+// its 8 float4s, 2,048 columns apart), not consecutive slots (4 float4s: columns [0, 8192) of
+// the chunk in one group, [8192, 16384) in the other). With consecutive groups a run of high
+// logits lands in one group of every thread (the newest 4,096 raised: all in the second), so
+// the 512th maximum is about the least of that run's and most of the run passes the floor
+// (modelled, a 16k chunk: 1,742 keys above it, over the superset's 1,024 slots, against 652;
+// ascending rows 2,045 against 1,022; random rows 694 / 695). H100, same run, two rounds each,
+// answers checked by the GPU tests (before the top-two rule of top_k for masked chunks, which
+// routes 7/8-masked chunks as before): recency 6x128k 14.81-14.96 -> 12.77-12.85 us, 32x1M
+// 86.88-87.54 -> 84.61-85.23; 600 at a third raised by 6, 6x128k 14.37-14.49 -> 12.73-12.91;
+// ascending / descending 6x128k 15.37-15.58 -> 14.50-14.67, 32x1M 108.2-109.5 -> 93.6-94.6;
+// ragged 6x128k 13.37-13.47 -> 12.92-13.01; random, tied, all -inf and one-value rows within
+// 0.7%. gfx942: 84 VGPRs either way, no spill.
 // MERGE: 512 threads x 16 keys against 256 x 32 (the same run, groups of 8): 6x128k dense /
 // masked 21.36 -> 20.37 / 21.88 -> 20.73 us, 32x128k 33.92 -> 33.03. Again with this code
 // (H200, same run, two rounds, 512 against 256 x 32 / 1024 x 8): 6x128k 12.70-13.07 against
@@ -77,9 +90,14 @@ constexpr int STREAM_THREADS = 1024;
 constexpr int SELECT_THREADS = 1024, SELECT_ITEMS = 16, SELECT_BATCH = 2, SELECT_WIDE_BATCH = 1;
 constexpr int SELECT_DIGIT = 10;  // 11 would pass sm_90's 48 KB of static shared memory
 // CAND_GROUP and COMPACT_GROUP: 16 keys a maximum, as CHUNK_GROUP (1024 maxima; at least 512
-// once a row holds 512 entries, else every key fits the LDS list). H200, same-run A/B against
-// 8: candidate top-k 18.40 -> 16.85 us, compact 12.10 -> 10.53; 32: 18.74 and 19.30. (Nor,
-// in another run, did two floor passes in the chunk kernel (within 1.5%) gain.)
+// once a row holds 512 entries, else every key fits the LDS list), interleaved as there: vLLM's
+// own selection (its torch.topk path) lists a row's candidate blocks by score, so consecutive
+// groups put the best blocks' columns in one group of every thread. H100, same run, two rounds:
+// candidates in that order 10.80-10.88 -> 9.65-9.71 us, their compact row 9.63-9.70 ->
+// 9.23-9.28; in random order 9.59-9.67 -> 9.64-9.71 / 8.42-8.48 -> 8.46-8.52 (+0.5%).
+// Group size, H200, same-run A/B against 8: candidate top-k 18.40 -> 16.85 us, compact 12.10
+// -> 10.53; 32: 18.74 and 19.30. (Nor, in another run, did two floor passes in the chunk
+// kernel (within 1.5%) gain.)
 // 512 threads against 256 / 1024 (H200, same run, two rounds): candidate top-k 9.84-9.89
 // against 11.58-11.60 / 10.37-10.43 us, compact 8.68-8.69 against 9.09 / 9.45-9.51.
 constexpr int CAND_THREADS = 512, CAND_ITEMS = 32, CAND_GROUP = 16;  // 16384 columns, 2048 blocks
@@ -183,7 +201,7 @@ DSV_KERNEL(CHUNK_THREADS, 2) dsv_topk512_chunks(TOPK_ARGS) {
   if (lo >= end) return;
   const int hi = min(lo + CHUNK, end);
   select_prologue(s);
-  RegKeys<ITEMS, CHUNK_GROUP> keys;
+  RegKeys<ITEMS, CHUNK_GROUP, true> keys;
   keys.used = ITEMS;
   // A whole chunk (every chunk of a row but the one holding its end) takes its keys without a
   // guard a column: H200, same run, two rounds, dense 6x16k 8.16-8.17 -> 8.01 us, 6x128k
@@ -414,10 +432,11 @@ DSV_KERNEL(CAND_THREADS, 1) dsv_topk512_candidates(const float* logits, long lon
   const float* row = logits + r * row_stride;
   // Blocks of 8 whole columns in 16-byte aligned rows (vLLM's layout) are read as float4
   // halves: slot s of a thread is column 4 * (thread & 1) + s % 4 of entry (s / 4) * PAIRS +
-  // thread / 2, and a group of the floor pass is four half blocks. Other block sizes read
-  // column i = s * BLOCK + thread of the row's candidate columns alone.
+  // thread / 2, and a group of the floor pass is half of each of its eight half blocks
+  // (interleaved, CAND_GROUP). Other block sizes read column i = s * BLOCK + thread of the
+  // row's candidate columns alone.
   const bool vec = bs == 8 && width % 8 == 0 && (reinterpret_cast<uintptr_t>(row) & 15) == 0;
-  RegKeys<ITEMS, CAND_GROUP> keys;
+  RegKeys<ITEMS, CAND_GROUP, true> keys;
   keys.used = ITEMS;  // a uniform bound here costs guards, which spill SGPRs on gfx942
   if (vec) {
 #pragma unroll
@@ -485,7 +504,7 @@ DSV_KERNEL(COMPACT_THREADS, 1) dsv_topk512_compact(const float* logits, long lon
     return;
   }
   select_prologue(s);
-  RegKeys<ITEMS, COMPACT_GROUP> keys;
+  RegKeys<ITEMS, COMPACT_GROUP, true> keys;
   keys.used = ITEMS;  // as in dsv_topk512_candidates
 #pragma unroll
   for (int s2 = 0; s2 < ITEMS; ++s2) {

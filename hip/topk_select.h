@@ -216,11 +216,15 @@ __device__ __forceinline__ void count_digit(uint32_t* hist, bool active, uint32_
 }
 
 // Keys held in registers: N a thread, `used` of them (uniform across the workgroup); the floor
-// pass takes the maximum of each group of G consecutive slots.
-template <int N, int G>
+// pass takes the maximum of each group of G slots: consecutive ones, or with INTERLEAVED every
+// GROUPS-th slot (group g: slots g, g + GROUPS, ...).
+template <int N, int G, bool INTERLEAVED = false>
 struct RegKeys {
   static constexpr int GROUPS = N / G;
-  static __device__ __forceinline__ int group(int slot) { return slot / G; }
+  static constexpr bool INTERLEAVED_GROUPS = INTERLEAVED;
+  static __device__ __forceinline__ int group(int slot) {
+    return INTERLEAVED ? slot % GROUPS : slot / G;
+  }
   uint32_t k[N];
   int used;
   template <class F>
@@ -242,6 +246,7 @@ struct RegKeys {
 template <int BLOCK>
 struct StreamKeys {
   static constexpr int GROUPS = 1;
+  static constexpr bool INTERLEAVED_GROUPS = false;
   static __device__ __forceinline__ int group(int) { return 0; }
   const float* row;
   int lo, hi;
@@ -481,10 +486,19 @@ __device__ __forceinline__ uint32_t top_k(Sel<BLOCK, Id, B>& s, Keys& keys, uint
   const uint32_t nlive = nmax >> 16;
   nmax &= 0xffffu;
   uint32_t floor = 0;  // count(key >= floor) >= k
-  if (!all && 2 * nmax >= k && (nlive < k || nmax < 2 * k)) {
+  // Interleaved groups: fewer than 2k maxima above -inf, not k (below).
+  const uint32_t min_live = Keys::INTERLEAVED_GROUPS ? 2 * k : k;
+  if (!all && 2 * nmax >= k && (nlive < min_live || nmax < 2 * k)) {
     // Fewer than k maxima above -inf (masked rows: 7/8 of a chunk's groups hold only -inf):
     // a floor from the maxima would be -inf. Or fewer than 2k valid maxima (a row's partial
-    // last chunk): a floor from them would be about the least of them. The top two keys of
+    // last chunk): a floor from them would be about the least of them. So would one from the
+    // maxima of a 7/8-masked chunk's interleaved groups, about 670 of 1024 live: with the rule
+    // of consecutive groups (fewer than k) they took it, modelled 862 keys above it and 0.4% of
+    // chunks over a superset's 1,024 slots (1,087 at most in 2,000), one such chunk holding up
+    // its launch: H100, masked 6x128k rows of one seed 13.31-13.43 -> 15.63-15.71 us, of another
+    // 13.26-13.34 -> 13.37-13.47, 32x128k 17.97-18.32 -> 19.01-19.06 (32x1M 90.3-91.3 ->
+    // 87.4-87.9). Their top two (min_live 2k): modelled 546 keys above the floor, at most 576,
+    // against 605 with consecutive groups; not yet timed on a GPU. The top two keys of
     // each group, at least k of them >= the least valid maximum tlo, give one: their k-th
     // largest, as one histogram pass over [tlo, thi] finds it, has k keys at or above it.
     // Partial random chunks of 3000 / 5000 / 8000 keys (modelled): 2290 / 2700 / 2890 keys
