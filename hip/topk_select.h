@@ -493,14 +493,19 @@ __device__ __forceinline__ uint32_t top_k(Sel<BLOCK, Id, B>& s, Keys& keys, uint
     // a floor from the maxima would be -inf. Or fewer than 2k valid maxima (a row's partial
     // last chunk): a floor from them would be about the least of them. So would one from the
     // maxima of a 7/8-masked chunk's interleaved groups, about 670 of 1024 live: with the rule
-    // of consecutive groups (fewer than k) they took it, modelled 862 keys above it and 0.4% of
-    // chunks over a superset's 1,024 slots (1,087 at most in 2,000), one such chunk holding up
-    // its launch: H100, masked 6x128k rows of one seed 13.31-13.43 -> 15.63-15.71 us, of another
-    // 13.26-13.34 -> 13.37-13.47, 32x128k 17.97-18.32 -> 19.01-19.06 (32x1M 90.3-91.3 ->
-    // 87.4-87.9). Their top two (min_live 2k): modelled 546 keys above the floor, at most 576,
-    // against 605 with consecutive groups; not yet timed on a GPU. The top two keys of
-    // each group, at least k of them >= the least valid maximum tlo, give one: their k-th
-    // largest, as one histogram pass over [tlo, thi] finds it, has k keys at or above it.
+    // of consecutive groups (fewer than k) they took it, modelled (the floor pass's bins
+    // included) 873 keys above it and 2.9% of chunks over a superset's 1,024 slots, one such
+    // chunk holding up its launch: H100, masked 6x128k rows of one seed 13.31-13.43 ->
+    // 15.63-15.71 us, of another 13.26-13.34 -> 13.37-13.47, 32x128k 17.97-18.32 -> 19.01-19.06
+    // (32x1M 90.3-91.3 -> 87.4-87.9). Their top two (min_live 2k): modelled 556 keys above the
+    // floor, at most 602 in 1,000 chunks, against 615 with consecutive groups; H100, same run,
+    // two rounds, against consecutive groups: masked 6x128k 13.17-13.28 -> 13.19-13.27 us,
+    // 32x128k 18.06-18.13 -> 17.90-18.24, 32x1M 90.5-91.1 -> 90.2-90.9; bench_topk's other
+    // masked 6x128k rows 13.31-13.51 -> 13.97-13.99, one radix pass more in one row's final
+    // merge (the merge 6.75 -> 7.37 us, the chunks 6.4 in both); of 12 more seeds (another run)
+    // 2 gained that pass's 0.65 us, 10 equal. The top two keys of each group, at least k of
+    // them >= the least valid maximum tlo, give one: their k-th largest, as one histogram pass
+    // over [tlo, thi] finds it, has k keys at or above it.
     // Partial random chunks of 3000 / 5000 / 8000 keys (modelled): 2290 / 2700 / 2890 keys
     // above the floor from the maxima, 810 / 820 / 630 from the top two (H200, same-run A/B
     // with chunk supersets: ragged 32x128k 29.10 -> 28.28 us, other shapes within 1.2%). Top
