@@ -660,9 +660,10 @@ def test_scratch_is_one_set_a_speculator_shape(monkeypatch):
 
 def test_launch_keys_tell_configurations_apart():
     """A launch configuration's key (compiled, compared with vLLM's loop, broken) names the
-    device type, the rank, greedy or sampled drafts and the noise dtype besides the block sizes:
-    a configuration compared or broken for one speculator says nothing of one that differs only
-    there (under the interpreter all of these share their block sizes at 3 rows)."""
+    device type, the vocabulary, the draft steps, the rank, greedy or sampled drafts and the
+    noise dtype besides the block sizes: a configuration compared or broken for one speculator
+    says nothing of one that differs only there (under the interpreter all of these share their
+    block sizes at 3 rows)."""
     cpu = torch.device("cpu")
 
     def key(device=cpu, **kw):
@@ -670,7 +671,8 @@ def test_launch_keys_tell_configurations_apart():
         return F._launch_key(spec, 3, device)[0]
 
     rank128 = R.make_head(300, 128, "cpu", torch.Generator().manual_seed(72))
-    keys = [key(), key(greedy=True), key(fp64=True), key(head=rank128)]
+    keys = [key(), key(greedy=True), key(fp64=True), key(head=rank128), key(vocab=280)]
+    keys.append(key(n_spec=3))
     keys.append(key(torch.device("cuda", 0)))
     assert len(set(keys)) == len(keys) and key() == keys[0]
 

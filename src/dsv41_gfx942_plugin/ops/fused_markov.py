@@ -240,8 +240,10 @@ def _launch_key(spec, num_reqs: int, device: torch.device) -> tuple[tuple, dict]
     vocab = min(w2.shape[0], spec.model.logits_processor.org_vocab_size)
     greedy = spec.draft_logits is None
     cfg = _config(num_reqs, vocab, w1.shape[1], _interpreted(device), greedy=greedy)
-    key = (device.type, w1.shape[1], greedy, bool(spec.use_fp64_gumbel))
-    return key + tuple(sorted(cfg.items())), cfg
+    # The vocabulary (the last block's masks) and the draft steps (the launches) too: one
+    # speculator's comparison says nothing of another's, as a second engine in a process may be.
+    key = (device.type, vocab, spec.num_speculative_steps, w1.shape[1], greedy)
+    return key + (bool(spec.use_fp64_gumbel),) + tuple(sorted(cfg.items())), cfg
 
 
 def _capturing_cold(spec, device: torch.device, vocab: int) -> bool:
