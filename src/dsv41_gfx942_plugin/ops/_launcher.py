@@ -193,6 +193,10 @@ class Kernel:
         # a worker; the lock costs 0.2 us a launch (1.73 -> 1.93 us on a stand-in runtime, the
         # CPU VM of this release), about 3 us of a decode step's 16 launches.
         self._lock = threading.Lock()
+        # The size ends at the last parameter, not rounded to 8 or 16: ROCm's runtime copies each
+        # parameter at its metadata offset from the buffer (ROCm/clr: ihipLaunchKernelCommand,
+        # KernelParameters::captureAndSet, which writes zero for one past the size) and adds
+        # the hidden arguments itself. libcuda takes the same sizes (every sm_90 GPU test).
         self._size = ctypes.c_size_t(self._pack.size)
         self._extra = (ctypes.c_void_p * 5)(
             1, ctypes.addressof(self._buf), 2, ctypes.addressof(self._size), runtime.end_marker
