@@ -242,8 +242,9 @@ def _launch_key(spec, num_reqs: int, device: torch.device) -> tuple[tuple, dict]
     cfg = _config(num_reqs, vocab, w1.shape[1], _interpreted(device), greedy=greedy)
     # The vocabulary (the last block's masks) and the draft steps (the launches) too: one
     # speculator's comparison says nothing of another's, as a second engine in a process may be.
-    key = (device.type, vocab, spec.num_speculative_steps, w1.shape[1], greedy)
-    return key + (bool(spec.use_fp64_gumbel),) + tuple(sorted(cfg.items())), cfg
+    fp64 = bool(spec.use_fp64_gumbel)
+    key = (device.type, vocab, spec.num_speculative_steps, w1.shape[1], greedy, fp64)
+    return key + tuple(sorted(cfg.items())), cfg
 
 
 def _capturing_cold(spec, device: torch.device, vocab: int) -> bool:
