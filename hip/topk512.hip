@@ -520,7 +520,8 @@ DSV_KERNEL(COMPACT_THREADS, 1) dsv_topk512_compact(const float* logits, long lon
 // ------------------------------------------------------- candidate blocks (layer 20)
 // The key of a block of 8 logits: the order key of their float maximum, or NaN's when one is
 // NaN (fmaxf drops NaN; the flag is one unordered compare a pair): the greatest of their 8
-// order keys (-0 and +0 share one) in half the instructions. The selection is bound by issuing
+// order keys (up to a zero's sign, which torch.topk, vLLM's selection, ignores) in half the
+// instructions. The selection is bound by issuing
 // them: H200, same run, two rounds, 6 x 128k, K 2048, against the 8 order keys' maximum,
 // random / tied / specials / masked rows 23.2-23.4 / 19.7-19.9 / 22.1 / 22.9-23.0 -> 19.0-19.2 /
 // 15.7 / 17.9 / 18.8 us; the loads and scores alone (scratch kernels) 10.0-10.2 -> 6.0-6.2,

@@ -1,8 +1,8 @@
 // The selection core of hip/topk512.hip's kernels (top-512 for DeepSeek-V4.1's sparse indexer).
 //
 // Every kernel ranks fp32 logits by an order-preserving uint32 key (order_key): NaN above +inf,
-// as torch.topk ranks them, and key 0 for "no entry" (past a row's end, a -1 candidate). A
-// workgroup holds its keys in registers and takes its k largest (top_k):
+// -0 below +0, as vLLM's top-k ranks them, and key 0 for "no entry" (past a row's end, a -1
+// candidate). A workgroup holds its keys in registers and takes its k largest (top_k):
 //  1. a floor from one histogram pass over the maxima of groups of G keys of a thread (at
 //     least k maxima, so at least k keys, are >= it; most keys are below it), its bins over at
 //     most FLOOR_SPAN below the greatest; when fewer than k maxima are above -inf (7/8-masked
@@ -65,15 +65,14 @@ constexpr uint32_t FLOOR_SPAN = 1u << 26;
 // in each remaining pass on gfx942 (not measured), where the aggregation costs one a slot.
 constexpr uint32_t SPARSE_POP = 256;
 
-// -0 ranks as +0 because -0 + 0 is +0 (denormals are kept: gfx942's kernels run with
-// float_denorm_mode_32 3, tests/test_topk_build.py). H200, same run, two rounds, against
-// masking the sign of a zero (a compare, a select, an and): decode 6x16k 8.50-8.56 -> 8.16-8.17
-// us, 6x128k 13.74-13.76 -> 13.41-13.42, 32x1M 92.3 -> 88.5-88.6, masked 100.0-100.3 ->
-// 94.8-95.0, candidate top-k 10.2 -> 10.05; gfx942 code 3% smaller.
+// Every NaN ranks above +inf (torch.topk's order, and vLLM's top_k_per_row_decode's on CUDA,
+// H100-measured on rows with NaN of both signs), and -0 below +0, as in vLLM's top-k (its bins
+// keep the sign bit of a zero, in its fp16 first pass too), where torch.topk ties them: at a
+// cut among zeros of both signs the kernels take vLLM's +0 first.
 __device__ __forceinline__ uint32_t order_key(float f) {
-  const uint32_t u = __float_as_uint(f + 0.f);
+  const uint32_t u = __float_as_uint(f);
   const uint32_t k = u ^ ((uint32_t)((int32_t)u >> 31) | 0x80000000u);   // -inf -> 0x007fffff
-  return f != f ? 0xffffffffu : k;  // every NaN ranks above +inf; no key is 0
+  return f != f ? 0xffffffffu : k;  // no key is 0
 }
 
 // Id: the type of the list's column ids. dsv_topk512_chunks stores a chunk's local column

@@ -52,8 +52,11 @@ def _row(n: int, rng: random.Random, g: torch.Generator) -> torch.Tensor:
     elif kind == "masked":
         keep = torch.rand(-(-n // 8), generator=g) < rng.choice([0.01, 0.125, 0.5])
         x[~keep.repeat_interleave(8)[:n]] = float("-inf")
-    elif kind == "zeros":
+    elif kind == "zeros":  # of one sign, or of both (-0 ranks below +0)
         x[torch.rand(n, generator=g) < 0.95] = rng.choice([0.0, -0.0])
+        if rng.random() < 0.5:
+            flip = (x == 0) & (torch.rand(n, generator=g) < 0.5)
+            x[flip] = -x[flip]
     elif kind == "inf":
         x[torch.rand(n, generator=g) < rng.choice([0.01, 0.2, 0.9])] = rng.choice(
             [float("inf"), float("-inf")]

@@ -1,9 +1,11 @@
 """Exact torch references for ops/topk.py, and the checks that compare a kernel's output to them.
 
-Ranking is torch.topk's order, computed exactly on an order-preserving int64 key of each fp32
-value (NaN above +inf, -0 equal to +0). A kernel's row is right when its entries are distinct
-columns of the row and the multiset of their keys equals the reference's top keys: any index
-set that differs only by ties at the cut passes, any other fails.
+Ranking is exact, on an order-preserving int64 key of each fp32 value: for the top-512 ops
+vLLM's top-k order (``order_key``: NaN above +inf, -0 below +0), for layer 20's selection
+torch.topk's, which vLLM's selection uses (``torch_key``: -0 equal to +0). A kernel's row is
+right when its entries are distinct columns of the row and the multiset of their keys equals the
+reference's top keys: any index set that differs only by ties at the cut passes, any other
+fails.
 """
 
 from __future__ import annotations
@@ -148,11 +150,15 @@ def tied_top_row(width: int, pop: int, device="cpu") -> torch.Tensor:
 
 
 def order_key(x: torch.Tensor) -> torch.Tensor:
-    """int64 keys in torch.topk order: NaN > +inf > ... > -inf; -0 == +0."""
+    """int64 keys in vLLM's top-k order: NaN > +inf > ... > +0 > -0 > ... > -inf."""
     bits = x.float().contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-    bits = torch.where(bits == 0x80000000, torch.zeros_like(bits), bits)
     key = torch.where(bits >= 0x80000000, (~bits) & 0xFFFFFFFF, bits | 0x80000000)
     return torch.where(torch.isnan(x), torch.full_like(key, 0xFFFFFFFF), key)
+
+
+def torch_key(x: torch.Tensor) -> torch.Tensor:
+    """int64 keys in torch.topk's order: NaN > +inf > ... > -inf; -0 == +0."""
+    return order_key(torch.where(x == 0, torch.zeros_like(x), x))
 
 
 def decode_row_ends(seq_lens: torch.Tensor, rows: int, next_n: int, width: int) -> list[int]:
@@ -267,4 +273,4 @@ def check_select(logits, next_n, seq_lens, block_size, candidates, what=""):
     for r, end in enumerate(select_row_ends(seq_lens.cpu(), rows, next_n)):
         scores = block_scores(logits[r], end, block_size)
         live = torch.nonzero(scores != float("-inf")).flatten()
-        check_row(candidates[r], order_key(scores[live]), live, k, f"{what} row {r}")
+        check_row(candidates[r], torch_key(scores[live]), live, k, f"{what} row {r}")

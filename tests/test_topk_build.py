@@ -153,9 +153,9 @@ def test_no_device_scope_fences(code_object):
 
 
 def test_fp32_denormals_are_kept(code_object):
-    """order_key ranks -0 as +0 by adding 0 (hip/topk_select.h), which keeps every other key
-    only while fp32 denormals are not flushed: each kernel's descriptor must say mode 3 (no
-    flush of inputs or outputs)."""
+    """Layer 20's block scores are float maxima (``block_key``, hip/topk512.hip), which keep a
+    denormal logit's value only while fp32 denormals are not flushed: each kernel's descriptor
+    must say mode 3 (no flush of inputs or outputs)."""
     objdump = _llvm_tool("llvm-objdump")
     if objdump is None:
         pytest.skip("llvm-objdump is not installed")

@@ -13,10 +13,10 @@ from dsv41_gfx942_plugin.ops import _launcher, _topk_check, topk
 
 
 def _take(x: torch.Tensor, cols: torch.Tensor, k: int, wrong: bool) -> torch.Tensor:
-    """The ids ``cols`` of the k largest of ``x`` (torch.topk), then -1; ``wrong``: the k + 1
-    largest but the first (one taken id below the cut)."""
-    n = min(k, x.numel())
-    top = x.topk(min(n + 1, x.numel())).indices if wrong and n < x.numel() else x.topk(n).indices
+    """The ids ``cols`` of the k largest of ``x`` (vLLM's top-k order), then -1; ``wrong``: the
+    k + 1 largest but the first (one taken id below the cut)."""
+    n, key = min(k, x.numel()), ref.order_key(x)
+    top = key.topk(n + 1 if wrong and n < x.numel() else n).indices
     got = cols[top[1:] if wrong and top.numel() > n else top]
     return torch.cat([got.int(), torch.full((k - n,), -1, dtype=torch.int32)])
 

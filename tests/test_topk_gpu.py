@@ -31,7 +31,7 @@ topk.build()
 
 DEV = "cuda"
 NEG = float("-inf")
-NEG_KEY = int(ref.order_key(torch.tensor([NEG]))[0])  # -inf's key in torch.topk's order
+NEG_KEY = int(ref.order_key(torch.tensor([NEG]))[0])  # -inf's key
 
 
 def test_build_loads_and_passes_its_load_time_check():
@@ -363,7 +363,7 @@ def vllms_own(what: str):
 def assert_same_sets(ours, vllms, keys, what, ends=None):
     """Row for row the same ids as vLLM's op, order and ties at the cut aside: ours distinct
     (and within the row, given row ``ends``), as many ids, and the same multiset of their keys
-    (``keys[r, id]``, torch.topk's order), so that only ids of equal keys may differ. With row
+    (``keys[r, id]``), so that only ids of equal keys may differ. With row
     ``ends``, where vLLM's own row is malformed (an id twice or past the row's end: its C++
     top-k on a row of 513 to a few thousand columns with fewer than 512 finite logits,
     H100-measured; README), ours are checked complete and only the finite picks compared.
@@ -389,13 +389,14 @@ def assert_same_sets(ours, vllms, keys, what, ends=None):
 
 
 # Random, candidate-masked and sparse rows (-inf ties at the cut of short rows), +inf and NaN
-# of both signs, a NaN every 16384 over one binade, clusters, ties everywhere; row ends 0, 1,
-# 511, 512, 513, a chunk and one, the width.
+# of both signs, a cut among zeros of both signs, a NaN every 16384 over one binade, clusters,
+# ties everywhere; row ends 0, 1, 511, 512, 513, a chunk and one, the width.
 VLLM_DECODE_KINDS = [
     "randn",
     "masked",
     "sparse_finite",
     "specials",
+    "denormals",
     "one_binade",
     "cluster",
     "ties",
@@ -406,7 +407,7 @@ VLLM_DECODE_KINDS = [
 @pytest.mark.parametrize("form", ["2d", "1d next_n 3", "stride +3"])
 def test_decode_gives_vllms_own_index_sets(kind, form):
     """The decode hook against vLLM's real C++ ``top_k_per_row_decode`` on the same call (the
-    oracle the hook must match, where the other tests use torch's order), both row-end forms and
+    oracle the hook must match, the others check ref_topk's order), both row-end forms and
     a row stride that is not 16-byte aligned."""
     vllm_top_k = vllms_own("top_k_per_row_decode")
     width, next_n = 131072, 3 if form.startswith("1d") else 1
@@ -474,7 +475,7 @@ def test_select_candidates_gives_vllms_own_block_sets(kind):
         ref.block_scores(row, int(end), bs)
         for row, end in zip(logits.cpu(), ends.tolist(), strict=True)
     ]
-    assert_same_sets(ours, vllms, ref.order_key(torch.stack(scores)), f"selection {kind}")
+    assert_same_sets(ours, vllms, ref.torch_key(torch.stack(scores)), f"selection {kind}")
 
 
 def test_cuda_graph_replay_with_changed_lengths():

@@ -457,11 +457,15 @@ def test_reference_check_can_fail():
     dup[0, 1] = dup[0, 0]
     with pytest.raises(AssertionError, match="repeated"):
         ref.check_decode(x, 1, seq, dup)
-    zeros = torch.zeros(1, 900)  # -0 equals +0 at the cut: any 212 of the zeros will do
+    zeros = torch.zeros(1, 900)  # -0 ranks below +0 (vLLM's order): any 212 of the +0 will do
     zeros[0, :300] = 9.0
     zeros[0, 300:600] = -0.0
-    pick = torch.cat([torch.arange(300), torch.arange(450, 662)]).int().view(1, 512)  # -0, +0
-    ref.check_decode(zeros, 1, torch.tensor([[900]], dtype=torch.int32), pick)
+    seq = torch.tensor([[900]], dtype=torch.int32)
+    plus = torch.cat([torch.arange(300), torch.arange(650, 862)]).int().view(1, 512)
+    ref.check_decode(zeros, 1, seq, plus)
+    minus = torch.cat([torch.arange(300), torch.arange(450, 662)]).int().view(1, 512)  # -0, +0
+    with pytest.raises(AssertionError, match="values differ"):
+        ref.check_decode(zeros, 1, seq, minus)
     nan = torch.randn(1, 1000)
     nan[0, 3] = float("nan")
     top = torch.topk(nan, 512).indices.int()
@@ -470,17 +474,50 @@ def test_reference_check_can_fail():
 
 
 @pytest.mark.parametrize("kind", ["specials", "denormals", "ties", "zeros", "masked", "all_ninf"])
-def test_reference_order_is_torch_topk(kind):
-    """ref_topk.order_key, the GPU and emulation tests' oracle, ranks as torch.topk does (vLLM's
-    contract): torch's own top-512 of each row passes the reference check, on rows with NaN of
-    both signs, +-inf, zeros of both signs around denormals, ties and -inf at the cut, and on a
-    stride and row ends short of the width."""
+def test_reference_order_is_torch_topk_but_for_signed_zeros(kind):
+    """ref_topk.order_key, the GPU and emulation tests' oracle, ranks as torch.topk does, but
+    for -0 below +0: torch's own top-512 of each row, with every zero made +0, passes the
+    reference check, on rows with NaN of both signs, +-inf, zeros of both signs around
+    denormals, ties and -inf at the cut, and on a stride and row ends short of the width."""
     x = ref.make_logits(3, 3001, kind, seed=11, stride=3008)
     seq = torch.tensor([[3001], [2000], [777]], dtype=torch.int32)
     top = torch.full((3, 512), -1, dtype=torch.int32)
     for r, end in enumerate(seq.flatten().tolist()):
-        top[r] = torch.topk(x[r, :end], 512).indices.int()
-    ref.check_decode(x, 1, seq, top, kind)
+        top[r] = torch.topk(x[r, :end] + 0.0, 512).indices.int()  # -0 + 0 is +0
+    ref.check_decode(x + 0.0, 1, seq, top, kind)
+    if kind == "denormals":  # the cut among the zeros: a -0 in place of a +0 fails
+        row = x[0]
+        good = ref.order_key(row).topk(512).indices
+        ref.check_decode(x[:1], 1, seq[:1], good.int().view(1, 512), kind)
+        bad = good.clone()
+        bad[int((row[good] == 0).nonzero()[0])] = int(((row == 0) & row.signbit()).nonzero()[0])
+        with pytest.raises(AssertionError, match="values differ"):
+            ref.check_decode(x[:1], 1, seq[:1], bad.int().view(1, 512), kind)
+
+
+def test_reference_order_is_vllms_bins():
+    """ref_topk.order_key orders every non-NaN fp32 value as vLLM's top-k bins do, transcribed
+    from the line its source holds (vLLM 0.33 ships it in its in-tree gfx942 copy of the top-k,
+    vllm/models/deepseek_v41/amd/ops/topk512_gfx942.cu: a smaller bin is a larger value), NaN
+    above +inf (vLLM's CUDA build, whose fp16 first pass makes every NaN one canonical NaN:
+    test_topk_gpu's ``specials`` rows)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("vllm.models.deepseek_v41.amd.ops")
+    if spec is None:
+        pytest.skip("vLLM 0.33 is not installed")
+    src = (Path(spec.submodule_search_locations[0]) / "topk512_gfx942.cu").read_text()
+    assert "bits = (bits & 0x80000000) ? bits : ~bits & 0x7fffffff;" in src
+    assert "bits = (bits & 0x8000) ? bits : ~bits & 0x7fff;" in src  # the fp16 first pass
+    vals = torch.tensor([float("inf"), -float("inf"), 0.0, -0.0, 1.0, -1.0, 3e38, -3e38, 1e-45,
+                         -1e-45, 1.2e-38, -1.2e-38, 0.5, -0.5, 2.0])  # fmt: skip
+    bits = vals.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    bins = torch.where(bits >= 0x80000000, bits, (~bits) & 0x7FFFFFFF)
+    key = ref.order_key(vals)
+    assert torch.equal(key[:, None] > key[None, :], bins[:, None] < bins[None, :])
+    nan = torch.tensor([float("nan"), -float("nan")])
+    assert bool((ref.order_key(nan) > key.max()).all())
 
 
 def vllm_select_candidate_blocks():

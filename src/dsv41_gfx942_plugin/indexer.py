@@ -316,12 +316,13 @@ def _cand_variant(q, kv_cache, seq_lens, compress_ratio: int) -> tuple:
 def _cand_probe(layer, decode, q, kv_cache, variant: tuple) -> bool:
     """Whether the hook may serve ``variant``: its compact rows of a synthetic step of that
     variant (``cand_probe.probe_step``) against vLLM's dense logits of the same step, at every
-    live candidate column, equal as the top-k compares them (-0 = +0, NaN = NaN). The candidate
-    kernel mirrors one AITER release's arithmetic and no gfx942 GPU has compared the two yet;
-    another AITER build, or a gfx942 that computes otherwise, would change index sets near the
-    cut with no error. Any difference keeps the hook off in this process (one warning; vLLM's
-    dense path runs); fewer than MIN_COMPARED columns to judge (a reader layer narrower than
-    about 2,400 columns) keep this variant on vLLM's path. Host syncs: never inside capture."""
+    live candidate column, equal as the top-k ranks them (-0 is not +0, NaN = NaN). The
+    candidate kernel mirrors one AITER release's arithmetic and no gfx942 GPU has compared the
+    two yet; another AITER build, or a gfx942 that computes otherwise, would change index sets
+    near the cut with no error. Any difference keeps the hook off in this process (one warning;
+    vLLM's dense path runs); fewer than MIN_COMPARED columns to judge (a reader layer narrower
+    than about 2,400 columns) keep this variant on vLLM's path. Host syncs: never inside
+    capture."""
     step = cand_probe.probe_step(
         q, kv_cache, decode.seq_lens, layer.compress_ratio, layer.max_model_len,
         layer.candidate_blocks.shape[1],
@@ -333,7 +334,8 @@ def _cand_probe(layer, decode, q, kv_cache, variant: tuple) -> bool:
         dense = _dense_logits(layer, step, step.q, step.kv_cache, step.weights)
         live = ids >= 0
         want = dense[: logits.shape[0]].gather(1, ids.clamp(min=0).long())
-        differ = (logits != want) & ~(logits.isnan() & want.isnan()) & live
+        same = logits.view(torch.int32) == want.view(torch.int32)  # -0 is not +0 to the top-k
+        differ = ~same & ~(logits.isnan() & want.isnan()) & live
         meaningful = live & want.isfinite() & (want != 0)
         counts = torch.stack([live.sum(), differ.sum(), meaningful.sum()])
         live_n, differ_n, compared = counts.tolist()

@@ -49,8 +49,8 @@ def _binade_rows(gen: torch.Generator, rows: int, width: int) -> torch.Tensor:
 
 
 def _keys(v: torch.Tensor) -> torch.Tensor:
-    """int64 keys in torch.topk's order: NaN above +inf, -0 equal to +0."""
-    b = torch.where(v == 0, 0.0, v).view(torch.int32).to(torch.int64)
+    """int64 keys in vLLM's top-k order: NaN above +inf, -0 below +0."""
+    b = v.view(torch.int32).to(torch.int64)
     key = torch.where(b >= 0, b + 2**31, 2**31 - 1 - (b & 0x7FFFFFFF))
     return torch.where(v.isnan(), 2**33, key)
 
@@ -71,7 +71,8 @@ def _top_row_ok(got: torch.Tensor, values: torch.Tensor, cols: torch.Tensor, k: 
     pos = torch.searchsorted(cols, taken).clamp(max=max(cols.numel() - 1, 0))
     if n and not torch.equal(cols[pos], taken):  # an id that is not one of the columns
         return False
-    return torch.equal(_keys(values[pos]).sort().values, _keys(values.topk(n).values).sort().values)
+    keys = _keys(values)
+    return torch.equal(keys[pos].sort().values, keys.topk(n).values.sort().values)
 
 
 def _row_ok(got: torch.Tensor, end: int, values: torch.Tensor, cols: torch.Tensor) -> bool:
@@ -201,7 +202,7 @@ def _check_selection(gen, i32, z) -> str | None:
         for r, end in enumerate(ends.tolist()):
             live = torch.full((width,), NEG, dtype=torch.float32, device=dev)
             live[:end] = x[r, :end]
-            scores = live.view(-1, BLOCK).amax(-1)
+            scores = live.view(-1, BLOCK).amax(-1) + 0.0  # -0 as +0: torch.topk's order
             scores[(end - 1) // BLOCK] = float("inf")
             blocks = torch.nonzero(scores != NEG).flatten()
             if not _top_row_ok(out[r], scores[blocks], blocks, SELECT_K):
@@ -210,7 +211,8 @@ def _check_selection(gen, i32, z) -> str | None:
 
 
 def check(device: torch.device) -> str | None:
-    """None when every op gives torch's answer on ``device``, else what differed."""
+    """None when every op gives the reference answer on ``device`` (vLLM's top-k order; torch.topk's
+    for the selection), else what differed."""
     gen = torch.Generator(device=device).manual_seed(20261202)
     i32 = dict(dtype=torch.int32, device=device)
     z = _grid_rows(gen, 3, 2048 * 8 * BLOCK)  # 128k columns, 16384 blocks
