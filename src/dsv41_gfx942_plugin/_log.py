@@ -13,7 +13,10 @@ logger = init_logger(LOGGER_NAME)
 #: of GPU memory: before its base logits (speculator.py) or after them (ops/fused_markov.py).
 MARKOV_OUT_OF_MEMORY = (
     "dsv41_gfx942: out of GPU memory in a fused Markov step; that step takes vLLM's loop "
-    "(logged once)"
+    "(logged once). Under tensor parallelism the other ranks may have taken the fused path, "
+    "whose drafts can differ from the loop's in a token a bias's last bit decides, and ranks "
+    "with different drafts drift apart: restart with more free GPU memory or "
+    "DSV41_GFX942_FUSED_MARKOV=0"
 )
 
 
