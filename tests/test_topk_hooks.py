@@ -498,9 +498,9 @@ def test_reference_order_is_torch_topk_but_for_signed_zeros(kind):
 def test_reference_order_is_vllms_bins():
     """ref_topk.order_key orders every non-NaN fp32 value as vLLM's top-k bins do, transcribed
     from the line its source holds (vLLM 0.33 ships it in its in-tree gfx942 copy of the top-k,
-    vllm/models/deepseek_v41/amd/ops/topk512_gfx942.cu: a smaller bin is a larger value), NaN
-    above +inf (vLLM's CUDA build, whose fp16 first pass makes every NaN one canonical NaN:
-    test_topk_gpu's ``specials`` rows)."""
+    vllm/models/deepseek_v41/amd/ops/topk512_gfx942.cu: a smaller bin is a larger value), and
+    NaN of either sign above +inf (where the bins would put a NaN of the sign bit below -inf,
+    vLLM's CUDA top-k ranks it on top: test_topk_gpu's ``specials`` rows against vLLM's op)."""
     import importlib.util
     from pathlib import Path
 
