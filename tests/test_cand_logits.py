@@ -802,7 +802,10 @@ def _compile_all() -> dict:
     for heads in (32, 64):
         for page_size in cand_logits.AITER_PAGES:
             kernel = compile_gfx942(heads, page_size, per_row=page_size != 64)
-            out[f"{heads}-{page_size}"] = amdgcn_summary(kernel.asm["amdgcn"])
+            summary = amdgcn_summary(kernel.asm["amdgcn"])
+            ttgir = kernel.asm["ttgir"]  # the ReLU: maxnum (NaN -> 0), not NaN-propagating
+            summary["maxnum_relu"] = "arith.maxnumf" in ttgir and "arith.maximumf" not in ttgir
+            out[f"{heads}-{page_size}"] = summary
     out["twin-ptx-loads"] = compile_twin_sm90().count("ld.global")
     return out
 
@@ -847,6 +850,7 @@ def test_gfx942_kernel_compiles_to_mfma_fp8(builds, heads, page_size):
     assert meta["private_segment_fixed_size"] == 0 and meta["scratch_"] == 0
     assert meta["buffer_load_ubyte"] == meta["global_load_ubyte"] == 0  # 16-byte loads
     assert meta["buffer_wbl2"] == meta["buffer_inv"] == 0  # no device-scope fence (L2 flushes)
+    assert meta["maxnum_relu"]  # a NaN key or query byte gives a 0 term, no NaN logit (README)
     dense = dense_figures(builds, f"{heads}-{page_size}")
     assert meta["vgpr_count"] + meta["agpr_count"] <= dense["vgpr_count"]
 
