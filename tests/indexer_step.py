@@ -96,7 +96,10 @@ class Step:
     def layers(self) -> list:
         """Stand-in layers with the attributes the decode path reads; the writer and readers
         share one candidate buffer, as in the model."""
+        from dsv41_gfx942_plugin import indexer
+
         cands = torch.full((self.rows, CAND_BLOCKS), -1, dtype=torch.int32, device=self.device)
+        indexer.note_candidate_writer(cands, self.width)  # as the writer's build does
         return [self._layer(lid, kind, cands) for lid, kind in LAYERS]
 
     def _layer(self, lid: int, kind: str, cands: torch.Tensor):

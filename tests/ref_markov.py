@@ -16,7 +16,6 @@ vLLM's bias or one of its bf16 neighbours); at most 1e-3 of the compared values 
 from __future__ import annotations
 
 import contextlib
-import copy
 import types
 
 import torch
@@ -337,15 +336,6 @@ def _bf16_below(x: torch.Tensor) -> torch.Tensor:
     else:
         bits = torch.tensor(-0x7FFF, dtype=torch.int32)  # 0x8001: the least negative subnormal
     return bits.to(torch.int16).view(torch.bfloat16).float()
-
-
-def clone_case(spec):
-    """A second speculator with the same state and its own output buffers."""
-    other = copy.copy(spec)
-    other.draft_tokens = spec.draft_tokens.clone()
-    if spec.draft_logits is not None:
-        other.draft_logits = spec.draft_logits.clone()
-    return other
 
 
 def transcribed_loop(spec, rows, base3, w1, w2):

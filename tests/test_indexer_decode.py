@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import types
+import weakref
 
 import pytest
 import torch
@@ -67,6 +68,7 @@ def vllm_env(monkeypatch, clean_plugin):
     monkeypatch.setattr(indexer, "_cand_variant", lambda *args: "compared")
     monkeypatch.setattr(indexer, "_cand_verdict", {"compared": True})
     monkeypatch.setattr(indexer, "_off", {})
+    monkeypatch.setattr(indexer, "_candidate_writers", {})  # make_layer records its writers
     config = VllmConfig(device_config=DeviceConfig(device="cpu"))
     with set_current_vllm_config(config):
         yield types.SimpleNamespace(config=config, calls=calls, spy=spy, logits=logits_ref)
@@ -97,9 +99,12 @@ def make_layer(env, kind: str, rows: int):
     if kind != "plain":
         g = torch.Generator().manual_seed(3)
         cands = torch.randint(-1, WIDTH // CB, (rows + 4, 2048), generator=g, dtype=torch.int32)
-    return cls(kv, 128, "ue8m0", 512, DIM, WIDTH, TOTAL, buf, skip_k_cache_insert=True,
-               compress_ratio=1, candidate_blocks=cands, candidate_block_size=CB,
-               candidate_write=kind == "writer")  # fmt: skip
+    layer = cls(kv, 128, "ue8m0", 512, DIM, WIDTH, TOTAL, buf, skip_k_cache_insert=True,
+                compress_ratio=1, candidate_blocks=cands, candidate_block_size=CB,
+                candidate_write=kind == "writer")  # fmt: skip
+    if kind == "reader":  # as where layer 20, built before it, fills its candidates
+        indexer.note_candidate_writer(cands, WIDTH)
+    return layer
 
 
 def make_step(case: str, seed: int = 0):
@@ -177,12 +182,14 @@ def pair(env, kind, case, num_tokens=None):
     return plugin_layer, oracle_layer, meta, q, num_tokens
 
 
-def assert_same_rows(got, want, logits_rows=None):
-    """Equal top-k buffers: each row's entries as a set (order is free), -1 tails exactly."""
+def assert_same_rows(got, want):
+    """Equal top-k buffers: each row's entries as a multiset (order is free), its -1 entries
+    where vLLM's are."""
     assert got.shape == want.shape
     for r in range(got.shape[0]):
         g, w = got[r].tolist(), want[r].tolist()
         assert sorted(g) == sorted(w), f"row {r}"
+        assert [x == -1 for x in g] == [x == -1 for x in w], f"row {r}: -1 entries"
 
 
 @pytest.mark.parametrize("case", ["dspark_flat", "mtp_2d", "mtp_2d_odd", "padded", "lens_1d"])
@@ -214,6 +221,55 @@ def test_taking_hooks_match_vllm_decode_branch(vllm_env, monkeypatch, kind, case
         expected = ["hook:candidate_logits_top_k"]
     assert vllm_env.calls == expected
     assert counters.stats()["indexer_decode"]["taken"] == 1
+
+
+@pytest.mark.parametrize("writer", ["none", "wider", "freed"])
+def test_reader_of_candidates_no_writer_here_fills_takes_vllms_mask(
+    vllm_env, monkeypatch, plugin_log, writer
+):
+    """The candidate hooks take only what layer 20 writes before the readers: distinct block
+    ids inside the reader's width. A buffer that no writer layer of this process fills (layer 20
+    on another pipeline rank; "freed": a writer's buffer gone, another at its address) or that
+    a writer with wider logits fills may hold a repeated id and ids past the reader's width, for
+    which vLLM's mask keeps the row's last column. Its reader takes vLLM's logits, mask and the
+    top-k, and gets vLLM's index sets (that last column among them); neither candidate hook
+    runs; the reason is counted and warned once."""
+    from vllm.v1.attention.ops import rocm_aiter_mla_sparse as rocm
+
+    seq = torch.tensor([[WIDTH], [WIDTH - 5], [WIDTH]], dtype=torch.int32)
+    n = seq.shape[0]
+    meta = metadata(seq, torch.ones(n, dtype=torch.int32), False, n)
+    q = torch.zeros(n, HEADS, DIM, dtype=torch.float16)
+    logits = torch.randn(n, WIDTH, generator=torch.Generator().manual_seed(5))
+    logits[:, WIDTH - 1] = 50.0  # the row's last column, in no candidate block
+    monkeypatch.setattr(rocm, "rocm_fp8_paged_mqa_logits", lambda *a, **k: logits.clone())
+    cands = torch.full((n, 2048), -1, dtype=torch.int32)
+    cands[:, :200] = torch.arange(200, dtype=torch.int32) * 3  # 1,600 live columns a row
+    cands[:, 200:202] = torch.tensor([3, WIDTH // CB + 7])  # a repeat; one past the width
+    if writer == "wider":
+        indexer.note_candidate_writer(cands, 2 * WIDTH)
+    elif writer == "freed":
+        indexer._candidate_writers[id(cands)] = (weakref.ref(torch.empty(0)), WIDTH)
+    plugin_layer, oracle_layer = (make_layer(vllm_env, "reader", n) for _ in range(2))
+    plugin_layer.candidate_blocks, oracle_layer.candidate_blocks = cands, cands.clone()
+    install_hooks(monkeypatch, vllm_env, take=True)
+    run(vllm_env, oracle_layer, meta, q, n, plugin=False)
+    vllm_env.calls.clear()
+    run(vllm_env, plugin_layer, meta, q, n)
+    want = oracle_layer.topk_indices_buffer[:n]
+    assert (want == WIDTH - 1).any(1).tolist() == [True, False, True]  # vLLM's edge column
+    assert_same_rows(plugin_layer.topk_indices_buffer[:n], want)
+    assert vllm_env.calls == ["vllm:mask", "hook:decode_top_k"]
+    why = {"wider": "its candidates come from a writer layer with wider logits"}.get(
+        writer, "no writer layer of this process fills its candidates"
+    )
+    stats = counters.stats()
+    for name in ("candidate_logits_top_k", "candidate_top_k"):
+        assert stats[name] == {"taken": 0, "declined": 1, "reasons": {why: 1}}
+    warned = [r for r in plugin_log.records if why in r.getMessage()]
+    assert len(warned) == 2 and all(r.levelname == "WARNING" for r in warned)  # one a hook
+    run(vllm_env, plugin_layer, meta, q, n)
+    assert len([r for r in plugin_log.records if why in r.getMessage()]) == 2
 
 
 @pytest.mark.parametrize("case", ["mtp_2d", "lens_1d"])

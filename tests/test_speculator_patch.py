@@ -136,16 +136,6 @@ def test_vllm_loop_when_fused_declines(calls):
     assert dsv41_gfx942_plugin.stats()["fused_markov"]["reasons"] == {"fused path declined": 1}
 
 
-def test_switch_off_skips_fused(calls, monkeypatch):
-    monkeypatch.setenv("DSV41_GFX942_FUSED_MARKOV", "0")
-    calls.fused.answer = True
-    patched = make_sample_sequential(_original(calls))
-    patched(_Spec(), 4, None)
-    assert calls.log == ["vllm"]
-    reasons = dsv41_gfx942_plugin.stats()["fused_markov"]["reasons"]
-    assert reasons == {"DSV41_GFX942_FUSED_MARKOV=0": 1}
-
-
 def test_fused_path_that_raises_is_turned_off_and_vllm_runs(calls, monkeypatch, plugin_log):
     import dsv41_gfx942_plugin.speculator as speculator
 

@@ -139,11 +139,10 @@ def test_decode_lengths_sweep():
     ref.check_decode(logits, 1, lens_2d(ends), idx, "sweep")
 
 
-def random_candidates(rows, k, nblocks, seed, dup=True, holes=True):
+def random_candidates(rows, k, nblocks, seed, dup=True):
     g = torch.Generator().manual_seed(seed)
     c = torch.stack([torch.randperm(nblocks, generator=g)[:k] for _ in range(rows)]).int()
-    if holes:
-        c[torch.rand(c.shape, generator=g) < 0.05] = -1
+    c[torch.rand(c.shape, generator=g) < 0.05] = -1  # holes
     if dup:
         c[:, 1::97] = c[:, 0:1]
     return c.to(DEV)

@@ -22,6 +22,8 @@ from device memory), and vLLM keys FULL graphs by batch shape.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from vllm._aiter_ops import rocm_aiter_ops
 from vllm.compilation.breakable_cudagraph import eager_break_during_capture
@@ -42,6 +44,10 @@ _first_step_logged = False
 #: Layers built from the plugin's class in this process (none with vLLM's --monokernel or the
 #: MXFP4 indexer, whose classes bypass the patch): the speculator's log names the indexer path.
 layers_built = 0
+#: The candidate buffers of writer layers (layer 20) built in this process, by ``id``: a weak
+#: reference to the buffer (an ``id`` is reused after a buffer is freed) and the writer's logits
+#: width (its ``max_model_len``: vLLM's dense logits are that wide). See ``_why_not_candidates``.
+_candidate_writers: dict[int, tuple[weakref.ref, int]] = {}
 
 
 def make_indexer_cls(original: type) -> type:
@@ -68,6 +74,8 @@ def make_indexer_cls(original: type) -> type:
             global layers_built
             super().__init__(*args, **kwargs)
             layers_built += 1
+            if self.candidate_write and self.candidate_blocks is not None:
+                note_candidate_writer(self.candidate_blocks, self.max_model_len)
             # Read once per layer: the switches hold for the process.
             self.dsv41_topk = envs.enabled("topk")
             self.dsv41_cand_logits = envs.enabled("cand_logits")  # implies dsv41_topk
@@ -94,6 +102,29 @@ def make_indexer_cls(original: type) -> type:
 def _aiter_enabled() -> bool:
     """vLLM's own test, as its ``forward_hip`` makes it (traceable: a class attribute)."""
     return rocm_aiter_ops.is_enabled()
+
+
+def note_candidate_writer(buffer: torch.Tensor, width: int) -> None:
+    """Record that a writer layer of this process, its logits ``width`` wide, fills ``buffer``
+    at every decode step (layer 20, built and run before the readers it feeds)."""
+    _candidate_writers[id(buffer)] = (weakref.ref(buffer), width)
+
+
+def _why_not_candidates(layer) -> str | None:
+    """Why a reader layer's candidate hooks must decline, or None. They take the candidates
+    that layer 20 writes at every decode step before the readers: distinct block ids (a top-K
+    of blocks), each inside the reader's width when the writer's logits are no wider. Other ids
+    would give other sets than vLLM's mask: it takes a repeated id once, where the candidate
+    logits list its columns twice, and for an id past the reader's width it keeps the row's last
+    column, which the kernels leave out. A buffer no writer of this process fills (layer 20 on
+    another pipeline rank: vLLM reads a buffer nothing wrote) or filled by a wider writer gets
+    vLLM's mask and the top-k."""
+    ref, width = _candidate_writers.get(id(layer.candidate_blocks), (None, 0))
+    if ref is None or ref() is not layer.candidate_blocks:
+        return "no writer layer of this process fills its candidates"
+    if width > layer.max_model_len:
+        return "its candidates come from a writer layer with wider logits"
+    return None
 
 
 def _why_vllm(layer, meta) -> str | None:
@@ -185,14 +216,20 @@ _no_memory: set[str] = set()
 _cand_verdict: dict = {}
 
 
-def _hook(name: str, on: bool, call) -> bool:
+def _hook(name: str, on: bool, call, why_not: str | None = None) -> bool:
     """Run a hook that may decline; count its decision. A hook that raises is logged once and
     stays off in this process: vLLM's op runs in its place (it rewrites every entry the hook
     may have touched), so a plugin bug never takes the server down. Out of GPU memory (the
     top-k's scratch, the candidate rows), the hook declines this call only, warned once: vLLM's
-    op runs, and the next call tries the hook again."""
+    op runs, and the next call tries the hook again. ``why_not``: a reason, known before the
+    call, for which the hook does not run (warned once a hook and reason)."""
     if not on:
         counters.record(name, False, "switched off")
+        return False
+    if why_not is not None:
+        counters.record(name, False, why_not)
+        logger.warning_once("dsv41_gfx942: hook %s does not run on a layer: %s; vLLM's op runs "
+                            "in its place", name, why_not)  # fmt: skip
         return False
     if name in _off:
         counters.record(name, False, _off[name])
@@ -240,15 +277,17 @@ def decode_step(layer, meta, num_tokens: int, q_fp8, weights) -> torch.Tensor:
     out = buf[:rows, : layer.topk_tokens]
     cands = layer.candidate_blocks
     reader = cands is not None and not layer.candidate_write
+    why_not = _why_not_candidates(layer) if reader else None
 
     done = reader and _hook(
         "candidate_logits_top_k",
         layer.dsv41_cand_logits,
         lambda: _candidate_logits(layer, decode, q, kv_cache, weights, cands, out),
+        why_not,
     )
     if not done:
         logits = _dense_logits(layer, decode, q, kv_cache, weights[:rows])
-        done = _candidates(layer, logits, next_n, decode.seq_lens, out, on)
+        done = _candidates(layer, logits, next_n, decode.seq_lens, out, on, why_not)
     if not done:
         _top_k(layer, meta, logits, next_n, out, on)
 
@@ -382,9 +421,9 @@ def _dense_is_aiter_gluon(kv_cache, compress_ratio) -> bool:
     )
 
 
-def _candidates(layer, logits, next_n: int, seq_lens, out, on: bool) -> bool:
-    """Layer 20 writes its candidate blocks; layers 24-36 restrict to theirs. True when the
-    reader's top-512 is already in ``out``."""
+def _candidates(layer, logits, next_n: int, seq_lens, out, on: bool, why_not=None) -> bool:
+    """Layer 20 writes its candidate blocks; layers 24-36 restrict to theirs (the candidate
+    top-k unless ``why_not``). True when the reader's top-512 is already in ``out``."""
     cands = layer.candidate_blocks
     if cands is None:
         return False
@@ -403,7 +442,7 @@ def _candidates(layer, logits, next_n: int, seq_lens, out, on: bool) -> bool:
             _select_candidate_blocks(logits, starts, ends, cands.shape[1], size, cands)
         return False
     if _hook("candidate_top_k", on, lambda: topk.candidate_top_k(
-            logits, next_n, seq_lens, cands, size, out, layer.topk_tokens)):  # fmt: skip
+            logits, next_n, seq_lens, cands, size, out, layer.topk_tokens), why_not):  # fmt: skip
         return True
     starts, ends = _candidate_row_bounds(seq_lens, rows, next_n)
     _vllm_rocm._apply_candidate_mask_strided(logits, starts, ends, cands, size)
@@ -423,8 +462,6 @@ def _candidate_row_bounds(seq_lens, rows: int, next_n: int):
 def _top_k(layer, meta, logits, next_n: int, out, on: bool) -> None:
     """vLLM's decode top-k choice: AITER's indexer top-k where vLLM would take it (never on
     gfx942: it is gfx950-only), else the plugin's top-512, else vLLM's ``top_k_per_row_decode``."""
-    from vllm._aiter_ops import rocm_aiter_ops
-
     decode = meta.decode
     rows = logits.shape[0]
     if get_forward_context().cudagraph_runtime_mode == CUDAGraphMode.FULL:

@@ -6,7 +6,8 @@
      128k (performance-anchors.md). The plugin's decode path replaces them there.
    - How: the ClassVar is set to a subclass of the ``SparseAttnIndexer`` it held
      (``indexer.make_indexer_cls``), whose ``forward_hip`` runs the plugin's decode path on a
-     decode-only step and ``super().forward_hip`` otherwise. Only DSv4.1's FP8 indexer is
+     decode-only step and vLLM's ``rocm_aiter_sparse_attn_indexer`` on every other step
+     (``super().forward_hip`` only with an MXFP4 cache or AITER off). Only DSv4.1's FP8 indexer is
      affected: DSv3.2 builds ``SparseAttnIndexer`` directly, the ROCm MXFP4 indexer and the
      ``--monokernel`` gfx942 indexer (``DeepseekV41Gfx942Indexer``) set their own ``attn_cls``
      and keep vLLM's classes. ``CustomOp.register_oot`` was not used: it is keyed by class name

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from . import counters, envs
+from . import counters
 from ._log import logger, warn_markov_out_of_memory
 from .ops import _launcher
 
@@ -74,8 +74,8 @@ def _fused(spec, num_reqs: int, head_hidden) -> bool:
 
 
 def make_sample_sequential(original: Callable) -> Callable:
-    """The patched ``_sample_sequential`` around vLLM's ``original``."""
-    fused_on = envs.enabled("fused_markov")
+    """The patched ``_sample_sequential`` around vLLM's ``original`` (applied only where
+    ``DSV41_GFX942_FUSED_MARKOV`` is on: ``patches.SAMPLER``)."""
 
     def _sample_sequential(self, num_reqs: int, head_hidden) -> None:
         if self._draft_topk is not None:
@@ -88,9 +88,7 @@ def make_sample_sequential(original: Callable) -> Callable:
             _served_by("the draft model's own sample_sequential (vLLM's --monokernel path); "
                        f"the DSv4.1 indexer by {_indexer_path()}")  # fmt: skip
             return None
-        if not fused_on:
-            counters.record(HOOK, False, "DSV41_GFX942_FUSED_MARKOV=0")
-        elif _fused_failed:
+        if _fused_failed:
             counters.record(HOOK, False, "raised earlier in this process")
         elif _fused(self, num_reqs, head_hidden):
             # The step the fused path did (and counted): its launches, or vLLM's loop from its

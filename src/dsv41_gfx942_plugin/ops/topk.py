@@ -393,8 +393,10 @@ def candidate_top_k(logits, next_n, seq_lens, candidates, block_size, indices, t
     instead of masking the whole row. The set equals vLLM's candidate mask followed by its
     top-k (ties at the cut aside), except that a row longer than 512 with fewer than 512 live
     candidate columns gets all of them and then -1 (vLLM's path would add arbitrary masked
-    columns). Rows end as the top-k's (2-D lengths; with 1-D ones, the causal end). False,
-    having written nothing, for a call it cannot take."""
+    columns), and that an id past the logits' width is dead (vLLM's mask keeps the row's last
+    column for it; layer 20 writes none: the indexer hands readers only a writer's candidates
+    no wider than theirs). Rows end as the top-k's (2-D lengths; with 1-D ones, the causal
+    end). False, having written nothing, for a call it cannot take."""
     if topk_tokens != TOPK or _why_not_decode(logits, next_n, seq_lens, indices) is not None:
         return False
     rows = logits.shape[0]
