@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from ref_topk import block_scores, select_row_ends
+
 K = 512
 NEG = float("-inf")
 
@@ -42,13 +44,6 @@ def live_ends(seq_lens: torch.Tensor, rows: int, next_n: int) -> list[int]:
     than the dense logits (a 2-D row can end one past them at compress ratio 2)."""
     own, dense = topk_ends(seq_lens, rows, next_n), dense_ends(seq_lens, rows, next_n)
     return [min(a, b) for a, b in zip(own, dense, strict=True)]
-
-
-def candidate_ends(seq_lens: torch.Tensor, rows: int, next_n: int) -> list[int]:
-    flat = seq_lens.reshape(-1)
-    if flat.numel() != rows:
-        flat = flat.repeat_interleave(next_n)
-    return [int(v) for v in flat[:rows]]
 
 
 def _row_top_k(values: torch.Tensor, cols: torch.Tensor, end: int, out_row: torch.Tensor):
@@ -82,22 +77,11 @@ def decode_top_k(logits, next_n, seq_lens, indices, topk_tokens) -> bool:
     return True
 
 
-def block_scores(row: torch.Tensor, end: int, block_size: int, nblocks: int) -> torch.Tensor:
-    scores = torch.full((nblocks,), float("-inf"))
-    live = row[: min(end, row.numel())]
-    for b in range((live.numel() + block_size - 1) // block_size):
-        chunk = live[b * block_size : (b + 1) * block_size]
-        scores[b] = float("nan") if torch.isnan(chunk).any() else chunk.max()
-    if end > 0:
-        scores[(end - 1) // block_size] = float("inf")  # the newest block is always kept
-    return scores
-
-
 def select_rows(logits, ends, topk_blocks, block_size, out):
     nblocks = (logits.shape[1] + block_size - 1) // block_size
     out.fill_(-1)
     for r, end in enumerate(ends):
-        scores = block_scores(logits[r], end, block_size, nblocks)
+        scores = block_scores(logits[r], end, block_size)
         vals, ids = scores.topk(min(topk_blocks, nblocks))
         ids = torch.where(vals == float("-inf"), -1, ids)
         out[r, : ids.numel()] = ids.to(out.dtype)
@@ -111,7 +95,7 @@ def vllm_select_candidate_blocks(logits, row_ks, row_ke, topk_blocks, block_size
 
 
 def select_candidates(logits, next_n, seq_lens, block_size, candidates) -> bool:
-    ends = candidate_ends(seq_lens, logits.shape[0], next_n)
+    ends = select_row_ends(seq_lens, logits.shape[0], next_n)
     select_rows(logits, ends, candidates.shape[1], block_size, candidates)
     return True
 

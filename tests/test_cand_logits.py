@@ -10,11 +10,8 @@ the shared `_column_addresses` helper are checked against the layout, not agains
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import os
 import re
-import subprocess
 import sys
 import types
 
@@ -24,6 +21,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 
+import fresh_compile
 import ref_indexer
 from dsv41_gfx942_plugin.ops import _cand_kernels, _cand_layout, cand_logits
 from dsv41_gfx942_plugin.ops import topk as real_topk
@@ -828,16 +826,8 @@ def dense_figures(builds, key: str):
 
 @pytest.fixture(scope="module")
 def builds():
-    """All compiles in one fresh process (about 10 s): once a Triton kernel has run in the
-    interpreter (TRITON_INTERPRET=1, as CI runs the suite), later Gluon compiles in that process
-    fail (triton 3.8: "'ir.value' object has no attribute 'dtype'")."""
-    code = "import json, test_cand_logits as t; print(json.dumps(t._compile_all()))"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), *sys.path])}
-    done = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    """All compiles in one fresh process (about 10 s)."""
+    return fresh_compile.compile_all("test_cand_logits")
 
 
 @pytest.mark.parametrize("heads", [32, 64])

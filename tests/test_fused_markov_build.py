@@ -19,14 +19,11 @@ not fit go to VGPR lanes, never to memory (the scratch check). The H200 runs the
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
+import fresh_compile
 from dsv41_gfx942_plugin.ops import fused_markov as F
 
 # Pointer arguments of _markov_step_kernel by name (without "_ptr"); every other runtime
@@ -138,16 +135,8 @@ def _compile_all() -> dict:
 
 @pytest.fixture(scope="module")
 def builds():
-    """All compiles in one fresh process without the interpreter (under TRITON_INTERPRET=1,
-    ``@triton.jit`` gives interpreted functions, which do not compile); about 20 s."""
-    code = "import json, test_fused_markov_build as t; print(json.dumps(t._compile_all()))"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), *sys.path])
-    done = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    """All compiles in one fresh process (about 20 s)."""
+    return fresh_compile.compile_all("test_fused_markov_build")
 
 
 @pytest.mark.parametrize("build", BUILDS)
