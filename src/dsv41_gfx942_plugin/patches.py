@@ -33,7 +33,9 @@
      top-k path, the draft model's own ``sample_sequential`` hook (vLLM's ``--monokernel`` path
      serves there), then the plugin's fused launches, then vLLM's original method.
    - Checked first: it is still vLLM's own function (defined in that module, not wrapped),
-     with the parameters ``(self, num_reqs, head_hidden)``.
+     with the parameters ``(self, num_reqs, head_hidden)``; ``_sample_logits``, which the fused
+     path calls to finish a step with vLLM's loop, has ``(self, logits, idx_map, sample_pos,
+     step)``.
    - Removed by: vLLM fusing the Markov steps itself outside ``--monokernel``.
    - Switch: ``DSV41_GFX942_FUSED_MARKOV``.
 
@@ -144,6 +146,11 @@ SAMPLER = Patch(
             f"{_SPEC}._sample_sequential",
             params=("self", "num_reqs", "head_hidden"),
             vllms_own=True,
+        ),
+        # Called by fused_markov._loop_rest, past the step's base logits, where an error is
+        # vLLM's own and goes to vLLM.
+        Expect(
+            f"{_SPEC}._sample_logits", params=("self", "logits", "idx_map", "sample_pos", "step")
         ),
     ),
 )
