@@ -251,12 +251,12 @@ def model_base(spec, rows, head_hidden):
     return base.view(rows, n_spec, base.shape[-1])
 
 
-def check_rule(spec, rows, base3, bias_fn, ref, out, stats: RuleStats | None = None) -> RuleStats:
+def check_rule(spec, rows, base3, bias_fn, ref, out) -> RuleStats:
     """Asserts the issue's rule on one draft step of ``rows`` rows; returns the counts.
 
     ``base3`` holds the step's base logits [rows, n_spec, V]; ``bias_fn(prev)`` gives vLLM's
     Markov bias of the previous tokens (it reproduces vLLM's bias bit for bit)."""
-    stats = stats or RuleStats()
+    stats = RuleStats()
     n_spec = spec.num_speculative_steps
     num_sample = rows * n_spec
     vocab = base3.shape[-1]
