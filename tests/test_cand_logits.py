@@ -551,6 +551,21 @@ def test_hook_takes_the_base_call():
     assert cand_logits._hook_takes(**hook_args(**exact))
 
 
+def test_hook_declines_q_or_weights_past_the_buffer_loads_range(monkeypatch):
+    """The gfx942 kernel reads q and the head weights by 32-bit buffer-load offsets within
+    ``BUFFER_BYTES`` (a load past it reads 0): a call whose q, or whose last row of weights,
+    reaches past it declines. The limit is lowered to the base call's q (49,152 bytes)."""
+    args = hook_args()
+    q_bytes = args["q_fp8"].numel()
+    monkeypatch.setattr(cand_logits, "BUFFER_BYTES", q_bytes)
+    assert cand_logits._hook_takes(**args)
+    # Rows 2,432 floats apart: row 5 ends at byte 48,896; 2,448 apart: at 49,216, past it.
+    assert cand_logits._hook_takes(**hook_args(weights=torch.zeros(8, 2432)[:, :64]))
+    assert cand_logits._hook_takes(**hook_args(weights=torch.zeros(8, 2448)[:, :64])) is False
+    monkeypatch.setattr(cand_logits, "BUFFER_BYTES", q_bytes - 1)
+    assert cand_logits._hook_takes(**args) is False
+
+
 @pytest.fixture
 def fake_topk(monkeypatch):
     """ops.topk with a recording compact_top_k_512 and a ``serves`` that takes every tensor,

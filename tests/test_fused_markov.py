@@ -535,6 +535,15 @@ REASONS = [
     ("a draft logits cache narrower than the vocabulary", lambda s: setattr(
         s, "draft_logits", s.draft_logits[:, :, :299]
     )),
+    ("a sampling state of other dtypes", lambda s: setattr(
+        s, "sample_idx_mapping", s.sample_idx_mapping.int()
+    )),
+    ("a sampling state of other dtypes", lambda s: setattr(s, "sample_pos", s.sample_pos.int())),
+    ("a sampling state of other dtypes", lambda s: setattr(s, "seeds", s.seeds.int())),
+    ("a sampling state of other dtypes", lambda s: setattr(s, "_anchor_idx", s._anchor_idx.int())),
+    ("a sampling state of other dtypes", lambda s: setattr(
+        s, "temperature", s.temperature.double()
+    )),
     ("no draft steps", lambda s: setattr(s, "num_speculative_steps", 0)),
 ]  # fmt: skip
 

@@ -44,6 +44,10 @@ HEAD_DIM = 128
 #   passes next_n 1 or 2 natively and flattens more (`_supports_native_decode`).
 AITER_PAGES = (16, 32, 64, 128)
 AITER_NEXT_N = 2
+# The gfx942 kernel reads q and the head weights with buffer loads: 32-bit byte offsets within a
+# resource of this many bytes (Gluon's; a load past it returns 0). Larger inputs (262,144 rows
+# of 64 heads) decline.
+BUFFER_BYTES = 2**31 - 2
 
 
 def _fp8_dtype() -> torch.dtype:
@@ -250,6 +254,8 @@ def _hook_takes(
         and weights.shape[0] >= rows
         and weights.shape[1] == heads
         and weights.stride(1) == 1
+        and q_fp8.numel() <= BUFFER_BYTES
+        and ((rows - 1) * weights.stride(0) + heads) * 4 <= BUFFER_BYTES
         and seq_lens.dtype == int32
         and seq_lens.is_contiguous()
         and (

@@ -200,6 +200,12 @@ def _why_not(spec, num_reqs: int) -> str | None:
             return "a draft logits cache of another layout"
         if cache.shape[2] < lp.org_vocab_size:  # vLLM's gumbel_sample asserts here
             return "a draft logits cache narrower than the vocabulary"
+    # vLLM's dtypes, which the kernels' noise keys, temperatures and 64-bit addresses of the
+    # cache rows (``request * cache stride``: int32 products would wrap past 3,300 requests of 5
+    # steps) are written for.
+    state = (spec.sample_idx_mapping, spec.sample_pos, spec.seeds, spec._anchor_idx)
+    if any(t.dtype != torch.int64 for t in state) or spec.temperature.dtype != torch.float32:
+        return "a sampling state of other dtypes"
     if spec.num_speculative_steps < 1:
         return "no draft steps"
     if not 1 <= num_reqs <= spec.max_num_reqs:
