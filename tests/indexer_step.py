@@ -48,13 +48,21 @@ def torch_top_k_per_row_decode(logits, next_n, seq_lens, out, rows, stride0, str
 
 @functools.cache
 def vllm_top_k_loaded() -> bool:
-    """Whether vLLM's compiled library loads here (then its ``top_k_per_row_decode`` is
-    registered): its CUDA build on an NVIDIA GPU, its ROCm build on gfx942; not on a CPU."""
-    try:
-        import vllm._C_stable_libtorch  # noqa: F401
-    except (ImportError, OSError, RuntimeError):  # absent, no CUDA driver, its ops already defined
-        return False
-    return True
+    """Whether vLLM's compiled ``top_k_per_row_decode`` is registered here, once vLLM's
+    libraries are loaded (as vLLM's platform loads them; its CUDA build registers the op in
+    ``_C_stable_libtorch``; which of its libraries a ROCm build registers it in is not read
+    here): on an NVIDIA GPU with vLLM's CUDA library, on gfx942 with its ROCm build; not on a
+    CPU, where none of them loads."""
+    import importlib
+
+    loaded = False
+    for name in ("vllm._C_stable_libtorch", "vllm._C", "vllm._rocm_C"):
+        try:
+            importlib.import_module(name)
+            loaded = True
+        except (ImportError, OSError, RuntimeError):  # absent, no driver, ops already defined
+            pass
+    return loaded and hasattr(torch.ops._C, "top_k_per_row_decode")
 
 
 class Step:

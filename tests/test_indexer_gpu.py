@@ -15,14 +15,10 @@ if not torch.cuda.is_available():
 pytest.importorskip("vllm")
 
 import indexer_step as harness  # noqa: E402
-from dsv41_gfx942_plugin.ops import _launcher, topk  # noqa: E402
+import topk_object  # noqa: E402
+from dsv41_gfx942_plugin.ops import topk  # noqa: E402
 
-if not topk.code_object_path().is_file():
-    pytest.skip(
-        f"no top-k code object for {_launcher.code_object_arch()} under {_launcher.KERNEL_DIR} "
-        f"(build it: python hip/build.py --arch {_launcher.code_object_arch()})",
-        allow_module_level=True,
-    )
+topk_object.require()
 
 
 @pytest.fixture(autouse=True)

@@ -21,10 +21,13 @@ from dsv41_gfx942_plugin.ops import _launcher, topk
 
 ROOT = Path(__file__).resolve().parent.parent
 HIP = ROOT / "hip"
+# Selected by `-m gfx942` too, so that on an MI300X they inspect the code object its wheel
+# build made (with ROCm's compiler there, not CI's clang-19).
+pytestmark = pytest.mark.gfx942
 
 
 def _llvm_tool(tool: str) -> str | None:
-    for name in (f"{tool}-19", tool, f"/usr/lib/llvm-19/bin/{tool}"):
+    for name in (f"{tool}-19", tool, f"/usr/lib/llvm-19/bin/{tool}", f"/opt/rocm/llvm/bin/{tool}"):
         if found := shutil.which(name):
             return found
     return None

@@ -16,15 +16,10 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("no GPU", allow_module_level=True)
 
-from dsv41_gfx942_plugin.ops import _launcher, _topk_check, topk  # noqa: E402
+import topk_object  # noqa: E402
+from dsv41_gfx942_plugin.ops import _topk_check, topk  # noqa: E402
 
-if not topk.code_object_path().is_file():
-    pytest.skip(
-        f"no top-k code object for {_launcher.code_object_arch()} under "
-        f"{_launcher.KERNEL_DIR} (build it: python hip/build.py --arch "
-        f"{_launcher.code_object_arch()})",
-        allow_module_level=True,
-    )
+topk_object.require()
 # A code object that does not load, or fails its load-time check, fails the test below (and
 # every other: the hooks then decline), never skips.
 topk.build()
