@@ -20,6 +20,9 @@ cd "$(dirname "$0")/.."
 
 VENV="${DSV41_TEST_VENV:-$HOME/.cache/dsv41-gfx942-plugin/venv-vllm-0.33.0}"
 PY="$VENV/bin/python"
+if [ -n "${DSV41_TEST_VENV:-}" ] && [ ! -x "$PY" ] && [ -x "$VENV/bin/python3" ]; then
+  PY="$VENV/bin/python3"  # a system prefix (a ROCm image's /usr) may have only python3
+fi
 
 have_hip() {  # what hip/build.py builds with: a ROCm compiler (on PATH, under $ROCM_PATH or
   # /opt/rocm), or Debian's clang-19 with the HIP headers and device libraries

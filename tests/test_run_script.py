@@ -38,20 +38,22 @@ def _executable(path: Path, text: str) -> None:
 
 @pytest.mark.skipif(shutil.which("python3") is None, reason="run.sh asks python3 for hip/build.py")
 @pytest.mark.parametrize(
-    ("hip", "require", "built_with"),
-    [(True, None, "1"), (False, None, "unset"), (True, " ", "1"), (True, "", "1"),
-     (True, "0", "0"), (False, "1", "1")],
+    ("hip", "require", "built_with", "exe"),
+    [(True, None, "1", "python"), (False, None, "unset", "python"), (True, " ", "1", "python"),
+     (True, "", "1", "python"), (True, "0", "0", "python"), (False, "1", "1", "python"),
+     (True, None, "1", "python3")],
     ids=["rocm-torch", "cuda-torch", "rocm-blank-switch", "rocm-empty-switch", "rocm-switch-off",
-         "cuda-switch-on"],
+         "cuda-switch-on", "python3-only"],
 )  # fmt: skip
-def test_user_environment(tmp_path, hip, require, built_with):
+def test_user_environment(tmp_path, hip, require, built_with, exe):
     """A ROCm torch builds the wheel with a HIP compiler required (a wheel without the gfx942
     code object would let the GPU top-k and indexer tests skip on an MI300X), also where
     ``DSV41_GFX942_REQUIRE_HIP`` is blank (a blank switch is unset: the build would read it as
     off); a value set is the user's and kept. A CUDA or CPU torch as before. The environment is
     used as it is (its python still the stand-in after the run: never rebuilt). ruff runs
     through the environment's python (a system environment's scripts are not in its ``bin``),
-    pinned; the extra arguments reach pytest."""
+    pinned; the extra arguments reach pytest. An environment whose ``bin`` has only
+    ``python3`` (a system prefix) is used through it."""
     tree = tmp_path / "tree"
     (tree / "tests").mkdir(parents=True)
     (tree / "hip").mkdir()
@@ -60,7 +62,7 @@ def test_user_environment(tmp_path, hip, require, built_with):
     env_dir, tools = tmp_path / "env", tmp_path / "tools"
     (env_dir / "bin").mkdir(parents=True)
     tools.mkdir()
-    _executable(env_dir / "bin/python", FAKE_PYTHON)
+    _executable(env_dir / f"bin/{exe}", FAKE_PYTHON)
     _executable(tools / "hipcc", "#!/bin/sh\nexit 0\n")  # ROCm's compiler is found: no apt-get
     log = tmp_path / "calls.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("DSV41_")}
@@ -78,7 +80,7 @@ def test_user_environment(tmp_path, hip, require, built_with):
     calls = log.read_text().splitlines()
     [wheel] = [c for c in calls if c.startswith("-m pip wheel")]
     assert wheel.endswith(f"REQUIRE={built_with}")
-    assert (env_dir / "bin/python").read_text() == FAKE_PYTHON
+    assert (env_dir / f"bin/{exe}").read_text() == FAKE_PYTHON
     [tools_install] = [c for c in calls if c.startswith("-m pip install") and "ruff" in c]
     assert "ruff==" in tools_install
     assert any(c.startswith("-m ruff check .") for c in calls)
