@@ -612,8 +612,8 @@ __device__ __forceinline__ void select_blocks(SelectSel& s, const float* logits,
       } else {
 #pragma unroll
         for (int j = 0; j < BATCH; ++j) {
-          const int b = (q + j) * BLOCK + t, c0 = b * bs;
-          if (b < nb) m[j] = block_score(row, c0, min(c0 + bs, col_end));
+          const int b = (q + j) * BLOCK + t;
+          if (b < nb) m[j] = block_score(row, b * bs, min(b * bs + bs, col_end));  // no overflow
         }
       }
 #pragma unroll
