@@ -62,7 +62,13 @@ def vllm_top_k_loaded() -> bool:
             loaded = True
         except (ImportError, OSError, RuntimeError):  # absent, no driver, ops already defined
             pass
-    return loaded and hasattr(torch.ops._C, "top_k_per_row_decode")
+    if not loaded:
+        return False
+    try:  # the registry, not torch.ops._C's attributes (which a test's monkeypatch may set)
+        torch._C._dispatch_find_schema_or_throw("_C::top_k_per_row_decode", "")
+    except RuntimeError:
+        return False
+    return True
 
 
 class Step:

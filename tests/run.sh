@@ -12,7 +12,7 @@
 #  3. the plugin itself, built as a wheel into dist/ and installed from it (so the tests see the
 #     shipped code object, and the wheel tested is the one left to publish);
 #  4. ruff (lint + format check), then pytest (15 minutes a test at most). GPU-only and
-#     gfx942-only tests skip on a CPU.
+#     gfx942-only tests skip on a CPU (the gfx942 build checks, also marked gfx942, run).
 # DSV41_GFX942_REQUIRE_HIP=1 makes a missing HIP compiler a build error (CI sets it; so does
 # this script where the environment's torch is a ROCm build).
 set -euo pipefail

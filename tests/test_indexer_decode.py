@@ -228,9 +228,9 @@ def test_reader_of_candidates_no_writer_here_fills_takes_vllms_mask(
     vllm_env, monkeypatch, plugin_log, writer
 ):
     """The candidate hooks take only what layer 20 writes before the readers: distinct block
-    ids inside the reader's width. A buffer that no writer layer of this process fills (layer 20
-    on another pipeline rank; "freed": a writer's buffer gone, another at its address) or that
-    a writer with wider logits fills may hold a repeated id and ids past the reader's width, for
+    ids inside the reader's width. A buffer that no writer layer of this process fills ("freed":
+    a writer's buffer gone, another at its address) or that a writer with wider logits fills
+    may hold a repeated id and ids past the reader's width, for
     which vLLM's mask keeps the row's last column. Its reader takes vLLM's logits, mask and the
     top-k, and gets vLLM's index sets (that last column among them); neither candidate hook
     runs; the reason is counted and warned once."""

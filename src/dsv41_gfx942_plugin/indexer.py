@@ -116,9 +116,10 @@ def _why_not_candidates(layer) -> str | None:
     of blocks), each inside the reader's width when the writer's logits are no wider. Other ids
     would give other sets than vLLM's mask: it takes a repeated id once, where the candidate
     logits list its columns twice, and for an id past the reader's width it keeps the row's last
-    column, which the kernels leave out. A buffer no writer of this process fills (layer 20 on
-    another pipeline rank: vLLM reads a buffer nothing wrote) or filled by a wider writer gets
-    vLLM's mask and the top-k."""
+    column, which the kernels leave out. A buffer no writer of this process fills or one filled
+    by a wider writer gets vLLM's mask and the top-k. Defensive: vLLM 0.33's DSv4.1 builds layer
+    20 with its readers (their K-cache source; vLLM refuses a pipeline split between them) at
+    their width."""
     ref, width = _candidate_writers.get(id(layer.candidate_blocks), (None, 0))
     if ref is None or ref() is not layer.candidate_blocks:
         return "no writer layer of this process fills its candidates"
