@@ -117,9 +117,8 @@ def _why_not_candidates(layer) -> str | None:
     would give other sets than vLLM's mask: it takes a repeated id once, where the candidate
     logits list its columns twice, and for an id past the reader's width it keeps the row's last
     column, which the kernels leave out. A buffer no writer of this process fills or one filled
-    by a wider writer gets vLLM's mask and the top-k. Defensive: vLLM 0.33's DSv4.1 builds layer
-    20 with its readers (their K-cache source; vLLM refuses a pipeline split between them) at
-    their width."""
+    by a wider writer gets vLLM's mask and the top-k. Defensive: DSv4.1 as vLLM 0.33 builds it
+    is expected to build layer 20 beside its readers, at their width."""
     ref, width = _candidate_writers.get(id(layer.candidate_blocks), (None, 0))
     if ref is None or ref() is not layer.candidate_blocks:
         return "no writer layer of this process fills its candidates"
