@@ -53,17 +53,13 @@ def vllm_top_k_loaded() -> bool:
     ``_C_stable_libtorch``; which of its libraries a ROCm build registers it in is not read
     here): on an NVIDIA GPU with vLLM's CUDA library, on gfx942 with its ROCm build; not on a
     CPU, where none of them loads."""
+    import contextlib
     import importlib
 
-    loaded = False
     for name in ("vllm._C_stable_libtorch", "vllm._C", "vllm._rocm_C"):
-        try:
+        # absent, no driver, its ops already defined
+        with contextlib.suppress(ImportError, OSError, RuntimeError):
             importlib.import_module(name)
-            loaded = True
-        except (ImportError, OSError, RuntimeError):  # absent, no driver, ops already defined
-            pass
-    if not loaded:
-        return False
     try:  # the registry, not torch.ops._C's attributes (which a test's monkeypatch may set)
         torch._C._dispatch_find_schema_or_throw("_C::top_k_per_row_decode", "")
     except RuntimeError:

@@ -19,7 +19,6 @@ import topk_object  # noqa: E402
 from dsv41_gfx942_plugin.ops import topk  # noqa: E402
 
 topk_object.require()
-code_object = topk_object.code_object  # autouse: fails each test on gfx942 without it
 
 
 @pytest.fixture(autouse=True)

@@ -20,7 +20,6 @@ import topk_object  # noqa: E402
 from dsv41_gfx942_plugin.ops import _topk_check, topk  # noqa: E402
 
 topk_object.require()
-code_object = topk_object.code_object  # autouse: fails each test on gfx942 without it
 # A code object that does not load, or fails its load-time check, fails the test below (and
 # every other: the hooks then decline), never skips.
 topk.build()
