@@ -93,3 +93,24 @@ def test_every_variable_is_in_the_readme():
     spelt = re.search(r"`([\w/]+)`, `([\w/]+)`, any case", section)
     assert spelt, "the paragraph naming the boolean spellings"
     assert (set(spelt[1].split("/")), set(spelt[2].split("/"))) == (envs._TRUE, envs._FALSE)
+
+
+def test_settings_say_which_switch_keeps_a_family_off(clean_plugin, monkeypatch):
+    """The status command's settings: a family switched on that another switch keeps off says
+    so (TOPK=0 printed CAND_LOGITS as on), and a value prints stripped."""
+    monkeypatch.setenv("DSV41_GFX942_TOPK", " Off ")
+    shown = envs.settings()
+    assert shown["DSV41_GFX942_TOPK"] == "Off (read as False)"
+    assert shown["DSV41_GFX942_CAND_LOGITS"] == (
+        "<unset: True>, hooks off: needs DSV41_GFX942_TOPK"
+    )
+    assert shown["DSV41_GFX942_FUSED_MARKOV"] == "<unset: True>"
+    monkeypatch.setenv("DSV41_GFX942_DISABLE", "1")
+    monkeypatch.setenv("DSV41_GFX942_FUSED_MARKOV", "on")
+    shown = envs.settings()
+    assert shown["DSV41_GFX942_FUSED_MARKOV"] == (
+        "on (read as True), hooks off: DSV41_GFX942_DISABLE is on"
+    )
+    assert shown["DSV41_GFX942_CAND_LOGITS"].endswith("hooks off: DSV41_GFX942_DISABLE is on")
+    assert shown["DSV41_GFX942_TOPK"] == "Off (read as False)"
+    assert shown["DSV41_GFX942_REQUIRE_HIP"] == "<unset: False>"

@@ -100,8 +100,8 @@ def test_status_command_says_what_register_decides(clean_plugin, fake_platform, 
     for patch, _ in patches.PATCHES:
         owner = patching.resolve(f"{patch.module}:{patch.owner}")
         assert vars(owner)[patch.attr] is targets[patch.target]
-    for name, value in env.items():  # each value set, and what it reads as (blank: unset)
-        read = f"{value} (read as {envs.get_bool(name)})" if value.strip() else "<unset: "
+    for name, value in env.items():  # each value set, stripped, what it reads as (blank: unset)
+        read = f"{value.strip()} (read as {envs.get_bool(name)})" if value.strip() else "<unset: "
         assert f"\n  {name}={read}" in out
     [verdict] = [ln for ln in out.splitlines() if "plugin in a vLLM process here:" in ln]
     clean_plugin.register()
@@ -110,3 +110,20 @@ def test_status_command_says_what_register_decides(clean_plugin, fake_platform, 
         assert verdict.endswith(": ACTIVE")
     else:
         assert verdict.endswith(": " + decided.replace("no patch applied", "no patch would apply"))
+
+
+def test_status_lists_code_objects_of_a_source_tree(tmp_path, monkeypatch, capsys):
+    """A source tree (no build info) where ``python hip/build.py`` put a code object: the
+    loader takes it, so the status command lists it (it said only "no build info")."""
+    from dsv41_gfx942_plugin import __main__ as status
+
+    monkeypatch.setitem(sys.modules, "dsv41_gfx942_plugin._build_info", None)  # import fails
+    monkeypatch.setattr(status, "PACKAGE_DIR", tmp_path)
+    (tmp_path / "_kernels").mkdir()
+    status._code_objects()
+    assert "no code object here (`python hip/build.py` builds one" in capsys.readouterr().out
+    (tmp_path / "_kernels" / "topk512.gfx942.co").write_bytes(b"x" * 7)
+    status._code_objects()
+    out = capsys.readouterr().out
+    assert "topk512.gfx942.co (7 bytes), from hip/build.py" in out
+    assert "no code object here" not in out

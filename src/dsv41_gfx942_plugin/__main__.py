@@ -121,7 +121,14 @@ def _code_objects() -> None:
     try:
         info = importlib.import_module("dsv41_gfx942_plugin._build_info").BUILD_INFO
     except ImportError:
+        # A source tree: `python hip/build.py` puts code objects here without build info, and
+        # the loader takes them all the same.
+        found = sorted((PACKAGE_DIR / "_kernels").glob("*.co"))
         print("  no build info: this is a source tree, not an installed wheel")
+        for path in found:
+            print(f"  {path.name} ({path.stat().st_size} bytes), from hip/build.py")
+        if not found:
+            print("  no code object here (`python hip/build.py` builds one into _kernels/)")
         return
     print(f"  built from commit {info.get('commit')}, archs {info.get('archs') or 'none'}")
     for arch, compiler in (info.get("compilers") or {}).items():

@@ -130,11 +130,19 @@ def value_as_set(name: str) -> str:
 
 
 def settings() -> dict[str, str]:
-    """Every variable as the status command prints it: the value set and what it reads as, or
-    '<unset: default>'."""
-    return {
-        name: f"{os.environ[name]} (read as {get_bool(name)})"
-        if value_as_set(name)
-        else f"<unset: {var.default!r}>"
-        for name, var in VARIABLES.items()
-    }
+    """Every variable as the status command prints it: the value set (stripped) and what it
+    reads as, or '<unset: default>', and for a family switched on whose hooks another switch
+    keeps off, why (``DSV41_GFX942_TOPK=0`` leaves CAND_LOGITS switched on but unused)."""
+    shown = {}
+    for name, var in VARIABLES.items():
+        value = value_as_set(name)
+        shown[name] = f"{value} (read as {get_bool(name)})" if value else f"<unset: {var.default}>"
+    for family, name in FAMILIES.items():
+        if get_bool(name) and not enabled(family):
+            why = (
+                "DSV41_GFX942_DISABLE is on"
+                if disabled()
+                else "needs " + " and ".join(FAMILIES[f] for f in NEEDS[family] if not enabled(f))
+            )
+            shown[name] += f", hooks off: {why}"
+    return shown
