@@ -87,7 +87,8 @@ def install_hooks(monkeypatch, env, take: bool):
         monkeypatch.setattr(topk, name, env.spy(f"hook:{name}", impl), raising=False)
 
 
-def make_layer(env, kind: str, rows: int):
+def make_layer(env, kind: str, rows: int, noted: bool = True):
+    """A layer of ``kind``; a reader's candidates recorded as a writer's (``noted``)."""
     from vllm.model_executor.layers.sparse_attn_indexer import SparseAttnIndexer
 
     cls = indexer.make_indexer_cls(SparseAttnIndexer)
@@ -102,7 +103,7 @@ def make_layer(env, kind: str, rows: int):
     layer = cls(kv, 128, "ue8m0", 512, DIM, WIDTH, TOTAL, buf, skip_k_cache_insert=True,
                 compress_ratio=1, candidate_blocks=cands, candidate_block_size=CB,
                 candidate_write=kind == "writer")  # fmt: skip
-    if kind == "reader":  # as where layer 20, built before it, fills its candidates
+    if kind == "reader" and noted:  # as where layer 20, built before it, fills its candidates
         indexer.note_candidate_writer(cands, WIDTH)
     return layer
 
@@ -270,6 +271,18 @@ def test_reader_of_candidates_no_writer_here_fills_takes_vllms_mask(
     assert len(warned) == 2 and all(r.levelname == "WARNING" for r in warned)  # one a hook
     run(vllm_env, plugin_layer, meta, q, n)
     assert len([r for r in plugin_log.records if why in r.getMessage()]) == 2
+
+
+def test_only_a_writer_layer_records_the_candidates_it_fills(vllm_env):
+    """Building a reader records nothing: its buffer counts as filled only once a writer layer
+    (layer 20) of this process was built over it, at its width or narrower."""
+    reader = make_layer(vllm_env, "reader", 3, noted=False)
+    assert not reader.candidate_write and reader.candidate_blocks is not None
+    why = "no writer layer of this process fills its candidates"
+    assert indexer._why_not_candidates(reader) == why
+    writer = make_layer(vllm_env, "writer", 3)
+    reader.candidate_blocks = writer.candidate_blocks
+    assert indexer._why_not_candidates(reader) is None
 
 
 @pytest.mark.parametrize("case", ["mtp_2d", "lens_1d"])
@@ -536,6 +549,8 @@ def test_candidate_logits_of_exactly_min_compared_columns_serve(vllm_env, monkey
     run(vllm_env, plugin_layer, meta, q, n)
     assert vllm_env.calls == [*PROBE, "hook:candidate_logits_top_k"]
     assert indexer._cand_verdict == {"compared": True}
+    said = [r.getMessage() for r in plugin_log.records][-1]
+    assert "candidate logits equal vLLM's dense logits" in said and "the hook serves" in said
 
 
 def test_candidate_logits_probe_the_hook_declines_judges_nothing(vllm_env, monkeypatch):

@@ -93,6 +93,17 @@ def test_a_cached_logit_off_by_a_bias_bit_passes_and_beyond_fails():
     assert _compare(_same, _set(0, 1, 5, x + 2.0**-5 * (abs(x) + abs(b)))) == why
 
 
+def test_a_nan_logit_passes_whatever_its_bits():
+    """A NaN (a NaN base logit) is vLLM's NaN whatever its sign and payload: bits that differ
+    from vLLM's must not turn the fused path off."""
+    tokens, cached, live, hot, base = _outputs()
+    cached[0, 1, 5] = float("nan")
+    out = cached.clone()
+    out.view(torch.int16)[0, 1, 5] = -64  # 0xFFC0: a negative quiet NaN
+    assert cached.view(torch.int16)[0, 1, 5] != -64 and out[0, 1, 5].isnan()
+    assert C.compare((tokens, tokens), (cached, out), live, hot, base, None) is None
+
+
 def test_a_masked_logit_must_stay_masked():
     """vLLM's -inf (a -inf base logit) is no bias's last bit away from a finite value."""
     tokens, cached, live, hot, base = _outputs()
@@ -305,6 +316,24 @@ def test_a_missed_cache_store_shows_over_vllms_own_values(monkeypatch):
     R.vllm_sample_sequential()(spec, 3, hidden)  # the cache: vLLM's values of this step
     assert F.sample_sequential(spec, 3, hidden)
     assert "row 0 step 0: a cached logit differs beyond a bias's last bit" in F._off_reason
+
+
+def test_the_probe_gives_each_row_its_own_seed(monkeypatch):
+    """The probe's rows draw their noise from seeds of their own: kernels that read another
+    row's seed are caught at vLLM's inert warm-up."""
+
+    def launch(spec, num_reqs, base, *args, **kwargs):
+        live = spec.sample_idx_mapping[: num_reqs * base.shape[1]]
+        slots = live[live >= 0].unique()
+        saved = spec.seeds.clone()
+        spec.seeds[slots] = spec.seeds[slots[0]].clone()
+        REAL_LAUNCH(spec, num_reqs, base, *args, **kwargs)
+        spec.seeds.copy_(saved)
+
+    monkeypatch.setattr(F, "_launch", launch)
+    spec, hidden = R.make_case(vocab=300, rows=3, n_spec=2, inert=1.0, seed=97)
+    assert F.sample_sequential(spec, 3, hidden)
+    assert "token" in F._off_reason
 
 
 @pytest.mark.parametrize("greedy", [True, False], ids=["greedy-drafts", "temperature-0"])
@@ -715,8 +744,8 @@ def _replay_step(spec, rows, hidden):
 
 @pytest.mark.parametrize(
     "rows,temp",
-    [(1, 0.6), (1, 0.0), (2, 0.0), (4, 1.0)],
-    ids=["1-row-below-1", "1-row-greedy", "2-rows-greedy", "4-rows-all-at-1"],
+    [(1, 0.6), (1, 0.0), (2, 0.0), (2, 1.0), (4, 1.0)],
+    ids=["1-row-below-1", "1-row-greedy", "2-rows-greedy", "2-rows-all-at-1", "4-rows-all-at-1"],
 )
 def test_the_probe_runs_every_temperature_path_a_replay_may_take(rows, temp, monkeypatch):
     """vLLM's warm-up before it captures a sampled configuration has every row inert, so the

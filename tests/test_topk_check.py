@@ -179,3 +179,14 @@ def test_build_takes_kernels_that_pass(monkeypatch):
     monkeypatch.setattr(_topk_check, "check", lambda device: None)
     monkeypatch.setattr(topk, "_modules", {})
     assert topk.build() and topk._modules == {0: module}
+
+
+def test_a_row_check_refuses_an_id_outside_the_columns():
+    """The load-time check's row rule: an id that is not one of the row's columns fails even
+    where the nearest column's value would make the top-k's values right (an off-by-one column,
+    a masked column)."""
+    cols = torch.tensor([0, 2, 4])
+    values = torch.tensor([5.0, 3.0, 1.0])
+    assert _topk_check._top_row_ok(torch.tensor([2, 0]), values, cols, 2)
+    assert not _topk_check._top_row_ok(torch.tensor([0, 1]), values, cols, 2)
+    assert not _topk_check._top_row_ok(torch.tensor([0, 4]), values, cols, 2)

@@ -204,16 +204,18 @@ def test_candidates_and_compact_keys_above_the_floor_past_the_list(emu):
     ref.check_compact(x, ids, 1, lens([10**6]), idx, f"wave{emu} compact past the list")
 
 
+@pytest.mark.parametrize("chunks", [17, 13])
 @pytest.mark.parametrize("kind", ["specials", "randn"])
-def test_decode_two_merges(emu, kind):
+def test_decode_two_merges(emu, kind, chunks):
     """Rows of more than 8 chunks take two merge launches; in the same launch, a row of 8 chunks
-    is written by the first merge, one of 9 by the second, one of a chunk by its chunk."""
-    width = 16 * 16384 + 1000
+    is written by the first merge, one of 9 by the second, one of a chunk by its chunk. The
+    first merge's workgroups a row: 3 at 17 chunks, 2 (its least above one) at 13."""
+    width = (chunks - 1) * 16384 + 1000
     ends = [width - 3, 8 * 16384, 8 * 16384 + 1, 16384]
     x = logits_of(len(ends), width, kind, seed=2)
     idx = out(len(ends))
     assert topk.decode_top_k(x, 1, lens(ends), idx, 512)
-    ref.check_decode(x, 1, lens(ends), idx, f"wave{emu} two merges {kind}")
+    ref.check_decode(x, 1, lens(ends), idx, f"wave{emu} two merges {kind} {chunks} chunks")
 
 
 def test_decode_general_path(emu):
