@@ -549,7 +549,7 @@ def test_candidate_logits_of_exactly_min_compared_columns_serve(vllm_env, monkey
     run(vllm_env, plugin_layer, meta, q, n)
     assert vllm_env.calls == [*PROBE, "hook:candidate_logits_top_k"]
     assert indexer._cand_verdict == {"compared": True}
-    said = [r.getMessage() for r in plugin_log.records][-1]
+    said = plugin_log.records[-1].getMessage()
     assert "candidate logits equal vLLM's dense logits" in said and "the hook serves" in said
 
 
