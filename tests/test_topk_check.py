@@ -32,10 +32,18 @@ def _iota(end: int) -> torch.Tensor:
 
 class Torch:
     """topk's ops answered by torch; the op named ``wrong`` takes one id below its cut, or,
-    named with "1-D", ends each row of 1-D lengths at its request's length (not causally)."""
+    named with "1-D", ends each row of 1-D lengths at its request's length (not causally), with
+    "zeros" ranks -0 above +0, with "denormals" ranks denormals as zeros of their sign."""
 
     def __init__(self, wrong: str = ""):
         self.wrong = wrong
+
+    def _values(self, op: str, x: torch.Tensor) -> torch.Tensor:
+        if self.wrong == f"{op} zeros":
+            return torch.where(x == 0, -x, x)
+        if self.wrong == f"{op} denormals":
+            return torch.where(x.abs() < torch.finfo(torch.float32).tiny, x * 0, x)
+        return x
 
     def _ends(self, op, logits, next_n, seq_lens, width=1 << 30) -> list[int]:
         rows = logits.shape[0]
@@ -51,13 +59,15 @@ class Torch:
                 indices[r] = _iota(end)
             else:
                 cols = torch.arange(end)
-                indices[r] = _take(logits[r, :end], cols, 512, self.wrong == "decode")
+                x = self._values(op, logits[r, :end])
+                indices[r] = _take(x, cols, 512, self.wrong == "decode")
         return True
 
     def candidate(self, logits, next_n, seq_lens, cands, bs, indices, k):
         for r, end in enumerate(self._ends("candidate", logits, next_n, seq_lens)):
             cols = ref.candidate_columns(cands[r], bs, end)
-            indices[r] = _iota(end) if end <= 512 else _take(logits[r, cols], cols, 512,
+            x = self._values("candidate", logits[r, cols])
+            indices[r] = _iota(end) if end <= 512 else _take(x, cols, 512,
                                                              self.wrong == "candidate")  # fmt: skip
             if self.wrong == "candidate tail" and end > 512 and cols.numel() < 512:
                 indices[r, cols.numel() :] = 0  # not -1 after the live columns
@@ -66,7 +76,8 @@ class Torch:
     def compact(self, logits, ids, seq_lens, next_n, indices):
         for r, end in enumerate(self._ends("compact", logits, next_n, seq_lens)):
             live = ids[r] >= 0
-            indices[r] = _iota(end) if end <= 512 else _take(logits[r][live], ids[r][live], 512,
+            x = self._values("compact", logits[r][live])
+            indices[r] = _iota(end) if end <= 512 else _take(x, ids[r][live], 512,
                                                              self.wrong == "compact")  # fmt: skip
             if self.wrong == "compact repeat" and r == 0:  # one id twice, in place of a tie
                 taken = logits[r][_pos(ids[r], indices[r])]
@@ -106,7 +117,7 @@ def test_check_accepts_torch_answers(monkeypatch, default):
         assert _topk_check.check(torch.device("cpu")) is None
     finally:
         torch.set_default_dtype(old)
-    assert seen == [torch.float32] * 7
+    assert seen == [torch.float32] * 9
 
 
 @pytest.mark.parametrize(
@@ -115,7 +126,12 @@ def test_check_accepts_torch_answers(monkeypatch, default):
      ("candidate", "candidate top-k"), ("candidate tail", "candidate top-k (2-D lengths): row 1"),
      ("candidate 1-D", "candidate top-k (1-D lengths): row 0"), ("compact", "compact top-k"),
      ("compact repeat", "compact top-k (2-D lengths): row 0"),
-     ("compact 1-D", "compact top-k (1-D lengths): row 0"), ("select", "candidate selection")],
+     ("compact 1-D", "compact top-k (1-D lengths): row 0"), ("select", "candidate selection"),
+     ("decode zeros", "decode top-512 (register path, a cut among zeros of both signs): row 0"),
+     ("general denormals", "decode top-512 (general path, a cut among zeros of both signs)"),
+     ("candidate zeros", "candidate top-k (2-D lengths): row 0 (end 16383)"),
+     ("candidate denormals", "candidate top-k (2-D lengths): row 0 (end 16383)"),
+     ("compact zeros", "compact top-k (2-D lengths): row 0 (end 131071)")],
 )  # fmt: skip
 def test_check_names_the_op_that_differs(monkeypatch, op, named):
     """Each mutation is caught by the call meant for it (the 1-D ones only by the 1-D calls:

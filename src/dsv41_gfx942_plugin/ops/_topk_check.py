@@ -13,9 +13,12 @@ than 2048 live blocks, one length a request, and rows of more than 16384 blocks
 (``dsv_select_blocks_wide``). Their values lie on a grid of 0.25 (ties at every cut), every 7th
 is -inf, a few +inf and NaN. Rows in one binade with a NaN take the cut over the registers
 (more keys above a workgroup's floor than its LDS list holds) in the chunks, both merges and the
-candidate and compact kernels, a path random rows seldom reach. H100: 11.3 ms of GPU time
-(torch's profiler), 31-35 ms a check in all (the first, with the code object's load and torch's
-first launches, 0.51 s); H200 before the binade rows: 8.7 ms, 27.4-29.0 ms, 0.35 s.
+candidate and compact kernels, a path random rows seldom reach. Rows cut among zeros of both
+signs, below denormals (decode in a merge on both paths, candidate, compact), refuse a kernel
+that ranks -0 as +0 or flushes denormals (the GPU tests check that order too; this check is
+what a gfx942 machine runs before serving). H100 before the signed-zero rows: 11.3 ms of GPU
+time (torch's profiler), 31-35 ms a check in all (the first, with the code object's load and
+torch's first launches, 0.51 s); H200 before the binade rows: 8.7 ms, 27.4-29.0 ms, 0.35 s.
 """
 
 from __future__ import annotations
@@ -45,6 +48,25 @@ def _binade_rows(gen: torch.Generator, rows: int, width: int) -> torch.Tensor:
     4096 (the workgroup's cut then runs over its registers)."""
     x = torch.rand(rows, width, generator=gen, dtype=torch.float32, device=gen.device).add_(1)
     x[:, 7::16384] = float("nan")
+    return x
+
+
+def _signed_zero_rows(gen: torch.Generator, rows: int, width: int) -> torch.Tensor:
+    """A top-512 cut among zeros of both signs, below denormals: a row holds 400 logits in [1, 2),
+    50 positive denormals, 300 +0 and 300 -0 (scattered), the rest in (-2, -1] but 50 negative
+    denormals. The top 512 are the positives and 62 of the +0s: a kernel that ranks -0 as +0, or
+    whose arithmetic flushes denormals to zero, takes other ids."""
+    f32 = dict(dtype=torch.float32, device=gen.device)
+    x = torch.rand(rows, width, generator=gen, **f32).add_(1).neg_()
+    bits = torch.randint(1, 1 << 23, (rows, 100), generator=gen, device=gen.device)
+    bits[:, 50:] -= 2**31  # the sign bit: negative denormals
+    tiny = bits.int().view(torch.float32)
+    for r in range(rows):
+        cols = torch.randperm(width, generator=gen, device=gen.device)[:1100]
+        x[r, cols[:400]] = torch.rand(400, generator=gen, **f32).add_(1)
+        x[r, cols[400:500]] = tiny[r]
+        x[r, cols[500:800]] = 0.0
+        x[r, cols[800:]] = -0.0
     return x
 
 
@@ -129,6 +151,14 @@ def _check_decode(gen, i32) -> str | None:
         topk.top_k_per_row_decode_512(y, 1, lens, idx, blocks, chunk, register_select=register)
         if bad := _decode_bad(y, 1, lens, idx):
             return f"decode top-512 (more than the list above a floor, {width} columns): {bad}"
+    y = _signed_zero_rows(gen, 2, 2 * c)  # two chunks a row: the cut in a merge too
+    lens = torch.tensor([[2 * c], [2 * c - 9]], **i32)
+    for register in (True, False):
+        idx = torch.full((2, K), -7, **i32)
+        topk.top_k_per_row_decode_512(y, 1, lens, idx, register_select=register)
+        if bad := _decode_bad(y, 1, lens, idx):
+            path = "register" if register else "general"
+            return f"decode top-512 ({path} path, a cut among zeros of both signs): {bad}"
     return None
 
 
@@ -148,6 +178,9 @@ def _check_candidates(gen, i32, z) -> str | None:
         # Every block of a row in one binade (more than the list above the floor)
         (_binade_rows(gen, 1, 16384), torch.randperm(2048, generator=gen, device=dev).int()[None],
          1, torch.tensor([[16384]], **i32)),
+        (_signed_zero_rows(gen, 1, 16384),
+         torch.randperm(2048, generator=gen, device=dev).int()[None], 1,
+         torch.tensor([[16383]], **i32)),
     ]  # fmt: skip
     for x, cand, next_n, lens in calls:
         idx = torch.full((x.shape[0], K), -7, **i32)
@@ -170,6 +203,9 @@ def _check_candidates(gen, i32, z) -> str | None:
         (_binade_rows(gen, 1, 16384),
          torch.randperm(1 << 20, generator=gen, device=dev)[:16384].int()[None], 1,
          torch.tensor([[width]], **i32)),
+        (_signed_zero_rows(gen, 1, 16384),
+         torch.randperm(1 << 20, generator=gen, device=dev)[:16384].int()[None], 1,
+         torch.tensor([[width - 1]], **i32)),
     ]  # fmt: skip
     for y, vid, next_n, lens in calls:
         idx = torch.full((y.shape[0], K), -7, **i32)
