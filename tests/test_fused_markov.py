@@ -899,3 +899,118 @@ def test_a_launch_that_does_not_compile_takes_vllms_loop(monkeypatch, error):
     took, ref, out = R.run_both(spec, 3, hidden, F.sample_sequential, fused_only=False)
     assert took and FailSecond.launches == 2
     assert torch.equal(ref["tokens"], out["tokens"]) and torch.equal(ref["cache"], out["cache"])
+
+
+# The noises of the two tokens that ``_skewed_noise32`` moves (set by the test that patches it).
+_SKEW_DOWN = float("nan")
+_SKEW_UP = float("nan")
+
+
+@triton.jit
+def _skewed_noise32(u, FAST_LOG: tl.constexpr):
+    """vLLM's noise, and as the fast noise vLLM's moved by 0.9 ``FAST_NOISE_ERR`` at two tokens
+    (down at the one whose exact noise is ``_SKEW_DOWN``, up at ``_SKEW_UP``): a fast noise
+    within the bound that the verify launch is written for."""
+    exact = M._noise32(u, "")
+    if FAST_LOG == "":
+        return exact
+    off = 0.9 * M.FAST_NOISE_ERR
+    up = tl.where(exact == _SKEW_UP, exact + off, exact)
+    return tl.where(exact == _SKEW_DOWN, exact - off, up)
+
+
+def test_fast_noise_anywhere_within_its_bound_takes_the_exact_winner(monkeypatch):
+    """The verify launch's contract: whatever the fast noise, within ``FAST_NOISE_ERR`` of vLLM's,
+    the token is vLLM's. A token whose exact value is the row's best can trail the fast best by
+    up to twice the bound, so the verify recomputes every block whose fast best comes within
+    ``2 * delta``. The interpreter's fast noise (numpy's log2) is far closer to vLLM's than the
+    bound, so no natural case tells a window of one bound from two, nor a bound cut far below
+    what the GPU's log needs: here the fast noise is vLLM's, moved down by 0.9 of the bound at
+    token ``a`` (last vocabulary block) and up at token ``b`` (an earlier block), whose exact
+    values ``a`` leads by 0.2-0.6 of the bound (logits chosen for it; the Markov weights zero,
+    every other token -inf). The fast best is then ``b``'s, ``a``'s block trails it by 1.2-1.6
+    bounds, and only the exact recomputation of ``a``'s block (the last) gives vLLM's token."""
+    from vllm.v1.worker.gpu.sample.gumbel import _DRAFT_NOISE_SALT
+
+    from noise_pairs import _noises
+
+    monkeypatch.setattr(F, "BV_INTERP", 1024)
+    vocab, rows = 4096, 17
+    cfg = F._config(rows, vocab, 64, True)
+    assert cfg["FAST_LOG"] == "log2" and -(-vocab // cfg["BV"]) == 4
+    spec, hidden = R.make_case(
+        vocab=vocab, rows=rows, n_spec=1, temps=(1.0,), inert=0.0, seed=99, adversarial=False
+    )
+    _w2(spec).data.zero_()
+    req = int(spec.sample_idx_mapping[0])
+    pos = int(spec.sample_pos[0]) - 1 + _DRAFT_NOISE_SALT.value
+    exact, fast = torch.empty(vocab), torch.empty(vocab)
+    _noises[(vocab // 1024,)](exact, fast, spec.seeds, req, pos, vocab, "")
+    delta = M.FAST_NOISE_ERR.value
+    a = 3 * 1024 + int(exact[3 * 1024 :].argmax())  # token a: the last block, logit 0
+    found = None
+    for b in range(3 * 1024):
+        lb = (exact[a] - exact[b] - 0.4 * delta).to(torch.bfloat16)
+        gap = float(exact[a] - (lb.float() + exact[b]))  # fp32, as both kernels add
+        unique = int((exact == exact[b]).sum()) == 1
+        if 0.2 * delta <= gap <= 0.6 * delta and unique and abs(float(lb)) < 8:
+            found = b, lb
+            break
+    assert found is not None and int((exact == exact[a]).sum()) == 1
+    b, lb = found
+    spec.model.base[:] = float("-inf")
+    spec.model.base[:, a] = 0.0
+    spec.model.base[:, b] = lb
+    monkeypatch.setitem(globals(), "_SKEW_DOWN", float(exact[a]))
+    monkeypatch.setitem(globals(), "_SKEW_UP", float(exact[b]))
+    monkeypatch.setattr(K, "_noise32", _skewed_noise32)
+    took, ref, out = R.run_both(spec, rows, hidden, F.sample_sequential)
+    assert took
+    assert int(ref["tokens"][0, 0]) == a  # vLLM's winner of row 0
+    assert torch.equal(out["tokens"][:rows], ref["tokens"][:rows])
+
+
+@triton.jit
+def _noise_errors(out_ptr, bits_ptr, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr):
+    at = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    u = tl.load(bits_ptr + at).to(tl.float32, bitcast=True)
+    exact, fast = M._noise32(u, ""), M._noise32(u, FAST_LOG)
+    finite = (tl.abs(exact) < float("inf")) & (tl.abs(fast) < float("inf"))
+    tl.store(out_ptr + at, tl.where(finite, tl.abs(fast - exact), float("inf")))
+
+
+def test_fast_noise_formula_within_its_bound():
+    """The fast noise's formula (``_noise32``: the series below ``FAST_SERIES_MAX``, the log of
+    ``1 - u`` above) against vLLM's noise in the interpreter, whose log is numpy's: finite and
+    within a quarter of ``FAST_NOISE_ERR`` (as the GPU test demands of the GPU's log) over fp32
+    uniforms spread evenly in bits over [2**-33, 1] plus the 64 fp32 on each side of the
+    series' threshold. The end-to-end cases cannot see a wrong formula: their vocabularies are
+    mostly one interpreter block, which the verify launch recomputes with vLLM's noise whatever
+    the fast noise was."""
+    low, one = (127 - 33) << 23, 0x3F800000  # the bits of 2**-33 and of 1.0
+    series_max = torch.tensor(M.FAST_SERIES_MAX.value, dtype=torch.float32).view(torch.int32)
+    bits = torch.cat(
+        [
+            torch.linspace(low, one, 1 << 16, dtype=torch.float64).round().to(torch.int32),
+            int(series_max) + torch.arange(-64, 64, dtype=torch.int32),
+        ]
+    )
+    err = torch.empty(bits.numel(), dtype=torch.float32)
+    _noise_errors[(bits.numel() // 128,)](err, bits, "log2", 128)
+    assert err.max().item() <= M.FAST_NOISE_ERR.value / 4, err.max().item()
+
+
+def test_nan_logits_never_win_fp64_noise(monkeypatch):
+    """As ``test_nan_logits``'s sampled half, with fp64 noise (``use_fp64_gumbel``), whose winners
+    go through ``_order64`` keys and the block-best scan instead of ``_first_max``: a NaN logit
+    never wins (vLLM's Gumbel kernel drops it under the interpreter), also at a column before
+    the row's best, over two vocabulary blocks; the cache holds the NaNs as vLLM's."""
+    monkeypatch.setattr(F, "BV_INTERP", 512)
+    spec, hidden = R.make_case(vocab=800, rows=4, n_spec=3, fp64=True, inert=0.0, seed=52)
+    spec.model.base[:, 77] = float("nan")
+    spec.model.base[:, 600] = float("nan")
+    took, ref, out = R.run_both(spec, 4, hidden, F.sample_sequential)
+    assert took
+    assert not torch.isin(ref["tokens"][:4], torch.tensor([77, 600])).any()
+    assert torch.equal(out["tokens"][:4], ref["tokens"][:4])
+    R.check_rule(spec, 4, R.model_base(spec, 4, hidden), R.model_bias_fn(spec), ref, out)
