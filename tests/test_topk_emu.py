@@ -278,6 +278,23 @@ def test_candidates_past_the_bitmap(emu):
     ref.check_candidates(x, 1, lens([width]), cands, bs, idx, f"wave{emu} candidates bs 1")
 
 
+def test_candidates_ending_inside_a_float4(emu):
+    """Rows ending 1, 2, 3 and 4 columns into candidate block 2000, +inf from the end to the
+    block's end: each of a float4's four lanes tests its own column against the row's end (the
+    first or second float4 of a block), so none of those +inf columns is taken and the block's
+    columns before the end compete as any."""
+    width, bs, b = 16384, 8, 2000
+    ends = [b * bs + tail for tail in (1, 2, 3, 4)]
+    x = logits_of(4, width, "randn", seed=20)
+    for r, end in enumerate(ends):
+        x[r, end : (b + 1) * bs] = float("inf")
+    g = torch.Generator().manual_seed(21)
+    cands = torch.stack([torch.randperm(width // bs, generator=g) for _ in ends]).int()
+    idx = out(4)
+    assert topk.candidate_top_k(x, 1, lens(ends), cands, bs, idx, 512)
+    ref.check_candidates(x, 1, lens(ends), cands, bs, idx, f"wave{emu} candidates end in a float4")
+
+
 def test_candidates_block_size_not_8(emu):
     """Blocks of 4 columns take the general loads (column by column), not two float4."""
     width, bs = 20000, 4
@@ -353,6 +370,8 @@ def test_candidates_few_live(emu):
         ("specials", 256),  # more of them than K: the cut among them
         ("outliers", 2048),  # fewer than K scores near the greatest: the cut over all of them
         ("denormals", 512),  # the cut among zero scores, between denormals
+        ("sparse_finite", 2048),  # about 1,300 live blocks: the rest -1, no -inf block taken
+        ("all_ninf", 2048),  # the pinned newest block alone, then -1
     ],
 )
 def test_select(emu, kind, k):
@@ -536,3 +555,45 @@ def test_fuzz(emu):
     max_every_4 rows since); on the kernels before that fix this one fails at wave 64 (case
     120)."""
     fuzz_topk.run(FUZZ_CASES, emu, "cpu", f"wave{emu}")
+
+
+def test_select_finite_scores_sharing_the_top_bin_with_infinities(emu):
+    """Block scores of FLT_MAX, each in lane 0 of a wave with a +inf block in lane 1: the +inf
+    key (0xff800000) is one above FLT_MAX's, outside the cut's range (the finite scores) but in
+    the digit of its top bin. count_digit must lead its wave aggregation from the first lane in
+    range (ffs - 1), not from an out-of-range lane holding the same digit (then no lane adds the
+    FLT_MAX scores), and a pass must keep the range's upper end (the top bin's end lies past it:
+    counting the +inf keys among the finite ones). K 8: the pinned newest block and the 4 +inf
+    blocks, then 3 of the 4 FLT_MAX blocks (ties at the cut); nothing written past K."""
+    k, width = 8, 131072
+    x = logits_of(1, width, "randn", seed=13)
+    blocks = torch.arange(4) * 64  # slot 0 of threads 0, 64, 128, 192: lane 0 of a wave
+    x[0, blocks * 8] = torch.finfo(torch.float32).max
+    x[0, (blocks + 1) * 8] = float("inf")
+    seq = torch.tensor([width], dtype=torch.int32)
+    cands = torch.full((1, k + 8), 777, dtype=torch.int32)
+    assert topk.select_candidates(x, 1, seq, 8, cands[:, :k])
+    ref.check_select(x, 1, seq, 8, cands[:, :k], f"wave{emu} select FLT_MAX beside +inf")
+    assert (cands[:, k:] == 777).all()  # nothing past K
+
+
+def test_compact_equal_top_two_keys_fewer_than_k(emu):
+    """A compact row whose live entries put one value V atop every live group of keys, with
+    each group's second key V too or absent: 200 groups of one live entry (V), 100 of two V and
+    14 lower. The floor pass over the groups' top two keys opens on one value (its range
+    [V, V]) holding 400 copies, fewer than k: it must count them before taking V as the 512th
+    key (else 112 slots of the answer are stale LDS entries); the answer is the 400 V and the
+    112 greatest lower keys."""
+    n, v = 16384, 1.0
+    g = torch.Generator().manual_seed(15)
+    x = torch.rand(1, n, generator=g) * 0.5
+    ids = torch.full((1, n), -1, dtype=torch.int32)
+    slot, thread = torch.arange(n) // 512, torch.arange(n) % 512  # entry i: slot i // 512
+    single = (thread < 200) & (slot == 0)  # group (thread, slot % 2): the even slots
+    double = (thread >= 200) & (thread < 300) & (slot % 2 == 0)
+    x[0, single | (double & (slot < 4))] = v
+    live = single | double
+    ids[0, live] = torch.randperm(1 << 20, generator=g)[: int(live.sum())].int()
+    idx = out(1)
+    assert topk.compact_top_k_512(x, ids, lens([10**6]), 1, idx)
+    ref.check_compact(x, ids, 1, lens([10**6]), idx, f"wave{emu} compact equal top two")
