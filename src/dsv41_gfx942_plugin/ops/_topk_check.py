@@ -118,6 +118,17 @@ def _decode_bad(x, next_n, seq_lens, idx) -> str | None:
     return None
 
 
+def _both_paths_bad(x, next_n, lens, i32, what: str) -> str | None:
+    """The decode top-512 on its register and its general path, and what differed."""
+    for register in (True, False):
+        idx = torch.full((x.shape[0], K), -7, **i32)
+        topk.top_k_per_row_decode_512(x, next_n, lens, idx, register_select=register)
+        if bad := _decode_bad(x, next_n, lens, idx):
+            path = "register" if register else "general"
+            return f"decode top-512 ({path} path, {what}): {bad}"
+    return None
+
+
 def _check_decode(gen, i32) -> str | None:
     c = topk.CHUNK
     x = _grid_rows(gen, 4, 41 * c)  # 41 chunks: two merge launches
@@ -125,12 +136,8 @@ def _check_decode(gen, i32) -> str | None:
         (1, torch.tensor([[41 * c], [5 * c + 3], [300], [9 * c]], **i32)),
         (2, torch.tensor([41 * c, 513], **i32)),  # 1-D: causal ends 41c - 1, 41c, 512, 513
     ]:
-        for register in (True, False):
-            idx = torch.full((4, K), -7, **i32)
-            topk.top_k_per_row_decode_512(x, next_n, lens, idx, register_select=register)
-            if bad := _decode_bad(x, next_n, lens, idx):
-                path = "register" if register else "general"
-                return f"decode top-512 ({path} path, {lens.dim()}-D lengths): {bad}"
+        if bad := _both_paths_bad(x, next_n, lens, i32, f"{lens.dim()}-D lengths"):
+            return bad
     for rows, width, lens, next_n in [
         (4, 2 * c, torch.tensor([2 * c, 1000], **i32), 2),  # 1-D: one a request, causal
         (2, c, torch.tensor([[c], [c - 100]], **i32), 1),  # one chunk: no merge launch
@@ -153,13 +160,7 @@ def _check_decode(gen, i32) -> str | None:
             return f"decode top-512 (more than the list above a floor, {width} columns): {bad}"
     y = _signed_zero_rows(gen, 2, 2 * c)  # two chunks a row: the cut in a merge too
     lens = torch.tensor([[2 * c], [2 * c - 9]], **i32)
-    for register in (True, False):
-        idx = torch.full((2, K), -7, **i32)
-        topk.top_k_per_row_decode_512(y, 1, lens, idx, register_select=register)
-        if bad := _decode_bad(y, 1, lens, idx):
-            path = "register" if register else "general"
-            return f"decode top-512 ({path} path, a cut among zeros of both signs): {bad}"
-    return None
+    return _both_paths_bad(y, 1, lens, i32, "a cut among zeros of both signs")
 
 
 def _check_candidates(gen, i32, z) -> str | None:
