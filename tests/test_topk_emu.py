@@ -162,6 +162,24 @@ def test_decode_many_keys_above_the_floor(emu):
     ref.check_decode(x, 1, lens([16384]), idx, f"wave{emu} many above the floor")
 
 
+@pytest.mark.parametrize("register", [True, False])
+def test_decode_exactly_k_live_logits(emu, register):
+    """A one-chunk row (its exact top 512) of 512 finite logits, the rest -inf, the least of
+    them -FLT_MAX: the floor is -inf, and the radix pass over the 512 keys above it counts
+    exactly k, its least key in its lowest bin. Only the thread whose bins reach the k-th key
+    may publish the cut: the threads past the pass's bins also have k keys before theirs, and
+    one of them publishing names a bin below 0, a floor past every key (a row of -1, as the
+    fuzz's wave-32 case 234 found in a masked row of 512 live logits)."""
+    g = torch.Generator().manual_seed(16)
+    x = torch.full((1, 4096), float("-inf"))
+    live = torch.randperm(4096, generator=g)[:512]
+    x[0, live] = torch.randn(512, generator=g)
+    x[0, live[0]] = -torch.finfo(torch.float32).max
+    idx = out(1)
+    topk.top_k_per_row_decode_512(x, 1, lens([4096]), idx, 8, 16384, register_select=register)
+    ref.check_decode(x, 1, lens([4096]), idx, f"wave{emu} 512 live, register {register}")
+
+
 @pytest.mark.parametrize(
     "width,register,max_blocks,min_chunk",
     [
