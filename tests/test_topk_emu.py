@@ -338,6 +338,20 @@ def test_compact(emu):
     ref.check_compact(x, ids, 1, lens([10**6]), idx, f"wave{emu} compact")
 
 
+@pytest.mark.parametrize("live", [0, 1, 300, 511])
+def test_compact_fewer_live_ids_than_k(emu, live):
+    """A compact row longer than 512 whose ids are -1 but for fewer than 512 entries: every live
+    id, then -1 from the first free entry on (a tail written one entry late leaves a stale one)."""
+    g = torch.Generator().manual_seed(9 + live)
+    x = logits_of(1, 2000, "specials", seed=9)
+    ids = torch.full((1, 2000), -1, dtype=torch.int32)
+    where, which = torch.randperm(2000, generator=g), torch.randperm(10**6, generator=g)
+    ids[0, where[:live]] = which[:live].int()
+    idx = out(1)
+    assert topk.compact_top_k_512(x, ids, lens([10**6]), 1, idx)
+    ref.check_compact(x, ids, 1, lens([10**6]), idx, f"wave{emu} compact {live} live")
+
+
 def test_candidates_with_equal_group_maxima(emu):
     """130 live blocks (1040 columns) whose every half block holds the row's maximum: 260
     copies, fewer than 512, in every group of keys (the floor from the groups' top two keys)."""
