@@ -71,6 +71,14 @@ def make_logits(rows, width, kind="randn", seed=0, stride=None, device="cpu"):
         # or a compact row (their cut runs over the registers)
         x.uniform_(1.0, 2.0, generator=g)
         x[:, 7::16384] = float("nan")
+    elif kind == "exactly_k":  # 512 finite logits a row (the least -FLT_MAX), the rest -inf: in
+        # a one-chunk row the radix pass over the keys above the floor (-inf) counts exactly k,
+        # its lowest bin occupied (only the thread reaching the k-th key may publish the cut)
+        x.fill_(neg)
+        for r in range(rows):
+            cols = torch.randperm(width, device=device, generator=g)[:TOPK]
+            x[r, cols] = torch.randn(TOPK, device=device, generator=g)
+            x[r, cols[0]] = -torch.finfo(torch.float32).max
     elif kind == "cluster":  # the last 4096 columns of every 16384 high: more than a chunk's
         x[:, (torch.arange(width, device=device) // 4096) % 4 == 3] += 3.0  # 1024 superset slots
     return x

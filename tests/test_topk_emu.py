@@ -170,11 +170,7 @@ def test_decode_exactly_k_live_logits(emu, register):
     may publish the cut: the threads past the pass's bins also have k keys before theirs, and
     one of them publishing names a bin below 0, a floor past every key (a row of -1, as the
     fuzz's wave-32 case 234 found in a masked row of 512 live logits)."""
-    g = torch.Generator().manual_seed(16)
-    x = torch.full((1, 4096), float("-inf"))
-    live = torch.randperm(4096, generator=g)[:512]
-    x[0, live] = torch.randn(512, generator=g)
-    x[0, live[0]] = -torch.finfo(torch.float32).max
+    x = logits_of(1, 4096, "exactly_k", seed=16)
     idx = out(1)
     topk.top_k_per_row_decode_512(x, 1, lens([4096]), idx, 8, 16384, register_select=register)
     ref.check_decode(x, 1, lens([4096]), idx, f"wave{emu} 512 live, register {register}")

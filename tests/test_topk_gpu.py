@@ -70,6 +70,8 @@ DECODE_CASES = [
     (33, 40000, None, "specials"),
     # Equal group maxima, fewer than 512 of them (a short row, a row's short last chunk).
     (4, 17888, [1500, 2048, 17884, 1100], "max_every_4"),
+    # One-chunk rows of exactly 512 finite logits: a radix pass that counts exactly k keys.
+    (3, 4096, [4096, 4096, 3000], "exactly_k"),
     # More than 4096 (LIST) keys above the floor in every chunk and merge: the register cut.
     (6, 131072, None, "one_binade"),
     (2, 1 << 20, [1 << 20, 999_983], "one_binade"),
