@@ -4,6 +4,7 @@
 #   bash benchmarks/device_h200.sh prepare   # here, once: vLLM's .py + lib + wheels -> .carry/
 #   bash benchmarks/device_h200.sh run       # there (carry .carry): build sm_90, test, bench
 #   bash benchmarks/device_h200.sh sanitize  # there: the top-k kernels under compute-sanitizer
+#   bash benchmarks/device_h200.sh fuzz      # there: the top-k fuzz (benchmarks/fuzz_gpu.py)
 # "run" writes every log and JSON under $OUT (or ./h200-out). Of vLLM's compiled parts only
 # _C_stable_libtorch goes there (its top_k_per_row_decode is the benchmarks' baseline), trimmed
 # to its sm_90 cubins (benchmarks/trim_fatbin.py), so the platform is pinned to
@@ -80,9 +81,20 @@ sanitize() {
   tail -n 20 "$out/t_sanitizer.txt"
 }
 
+# The top-k fuzz for FUZZ_SECONDS (default 330: with the setup, one 600 s device call), from
+# FUZZ_SEED (default benchmarks/fuzz_gpu.py's).
+fuzz() {
+  setup
+  local secs=${FUZZ_SECONDS:-330}
+  timeout $((secs + 120)) python3 benchmarks/fuzz_gpu.py --seconds "$secs" \
+    ${FUZZ_SEED:+--first-seed "$FUZZ_SEED"} > "$out/fuzz.txt" 2>&1
+  tail -n 20 "$out/fuzz.txt"
+}
+
 case "${1:-}" in
   prepare) prepare ;;
   run) run ;;
   sanitize) sanitize ;;
-  *) echo "usage: $0 prepare|run|sanitize" >&2; exit 2 ;;
+  fuzz) fuzz ;;
+  *) echo "usage: $0 prepare|run|sanitize|fuzz" >&2; exit 2 ;;
 esac

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-GPU_BENCHMARKS = ["bench_topk", "bench_indexer_step", "bench_cand_logits", "bench_markov"]
+GPU_BENCHMARKS = ["bench_topk", "bench_indexer_step", "bench_cand_logits", "bench_markov",
+                  "fuzz_gpu"]  # fmt: skip
 
 
 def load(name: str, monkeypatch):
