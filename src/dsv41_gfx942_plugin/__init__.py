@@ -46,7 +46,10 @@ _VERSION = re.compile(r"v?(?:(\d+)!)?(\d+)\.(\d+)(?!\d)")
 
 def vllm_supported(version: str) -> bool:
     """Whether ``version`` (e.g. "0.33.0", "0.33.1rc1", "0.33.0+rocm700") is in
-    :data:`SUPPORTED_VLLM`: the versions pip's ``>=0.33.0.dev0,<0.34`` admits, however spelt."""
+    :data:`SUPPORTED_VLLM`: of valid PEP 440 versions, those pip's ``>=0.33.0.dev0,<0.34``
+    admits, however spelt. Only the leading epoch and two numbers are read, so a string that is
+    no version but begins like one ("0.33garbage") passes; vLLM's ``__version__`` is written
+    by its build from the same version its wheel's metadata carries (or is "dev")."""
     match = _VERSION.match(version.strip().lower())
     if match is None:
         return False
