@@ -89,18 +89,28 @@ def test_probe_fits_a_narrow_layer():
     assert int(step.seq_lens.max()) == 960 and (step.seq_lens >= 1).all()
 
 
-@pytest.mark.parametrize(("pad", "offset"), [(0, 0), (4, 4), (4104, 12)])
+@pytest.mark.parametrize(("pad", "offset"), [(0, 0), (4, 4), (4104, 12), (48, 0), (32, 8)])
 def test_probe_cache_aligns_as_the_real_one(pad, offset):
-    """The probe's page stride and start agree with the real cache's modulo 16 bytes (AITER's
-    and Triton's compiled variants depend on them), whatever vLLM's page stride."""
+    """The probe's start agrees with the real cache's modulo 16 bytes and its page stride
+    modulo 64 (the keys' stride in bytes and the scales' in floats modulo 16: the JIT's
+    specializations of AITER's and the plugin's kernels depend on them), whatever vLLM's page
+    stride; the variant the verdict is kept under tells such caches apart."""
     q, _, lens = real_step(2, 2, 2)
     page_bytes = 64 * 132
     base = torch.zeros(offset + 5 * (page_bytes + pad), dtype=torch.uint8)
     real = base[offset:].as_strided((5, 64, 1, 132), (page_bytes + pad, 132, 132, 1))
     step = cand_probe.probe_step(q, real, lens, 1, 8192, 2048)
-    assert step.kv_cache.stride(0) % 16 == real.stride(0) % 16
+    assert step.kv_cache.stride(0) % 64 == real.stride(0) % 64
+    keys, scales = cand_logits.split_cache(step.kv_cache)
+    real_keys, real_scales = cand_logits.split_cache(real)
+    assert keys.stride(0) % 16 == real_keys.stride(0) % 16
+    assert scales.stride(0) % 16 == real_scales.stride(0) % 16
     assert step.kv_cache.stride(0) >= page_bytes and step.kv_cache.stride()[1:] == (132, 132, 1)
     assert step.kv_cache.data_ptr() % 16 == real.data_ptr() % 16
+    variant = indexer._cand_variant(q, real, lens, 1)
+    assert indexer._cand_variant(step.q, step.kv_cache, lens, 1) == variant
+    plain = torch.zeros(5, 64, 1, 132, dtype=torch.uint8)
+    assert (indexer._cand_variant(q, plain, lens, 1) == variant) == (pad % 64 == offset == 0)
 
 
 def test_probe_keys_hold_the_bytes_vllms_writer_leaves():

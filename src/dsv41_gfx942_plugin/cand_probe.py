@@ -43,8 +43,10 @@ def probe_step(q, kv_cache, seq_lens, compress_ratio: int, width: int, cand_slot
     an eighth of them -1) and ``indices`` (``[rows, 512]`` int32 for the top-512). Requests
     alternate odd and even uncompressed lengths, so that at compress ratio 2 a 2-D table holds
     rows that end one column past the dense logits (``_cand_kernels._column_addresses``). The
-    cache's page stride and start are those of ``kv_cache`` modulo 16 bytes (what the kernels'
-    compiled variants depend on), its pages as many as the lengths take."""
+    cache's start is ``kv_cache``'s modulo 16 bytes and its page stride modulo 64: the JIT
+    compiles a variant a pointer aligned to 16 bytes or not and an integer a multiple of 16 or
+    not, and the kernels take the keys' page stride in bytes and the FP32 scales' in floats (a
+    quarter of it). Its pages are as many as the lengths take."""
     batch, next_n, heads, dim = q.shape
     page, key_bytes = kv_cache.shape[1], kv_cache.shape[3]  # a key's dim + its FP32 scale
     dev = q.device
@@ -73,7 +75,7 @@ def probe_step(q, kv_cache, seq_lens, compress_ratio: int, width: int, cand_slot
         block_table[b, :n] = order[start : start + n]
         start += n
     page_bytes = page * key_bytes
-    stride = page_bytes + (kv_cache.stride(0) - page_bytes) % 16
+    stride = page_bytes + (kv_cache.stride(0) - page_bytes) % 64
     shift = kv_cache.data_ptr() % 16
     base = torch.empty(shift + pages * stride, dtype=torch.uint8, device=dev)
     cache = base[shift:].as_strided((pages, page, 1, key_bytes), (stride, key_bytes, key_bytes, 1))

@@ -348,8 +348,19 @@ def _cand_variant(q, kv_cache, seq_lens, compress_ratio: int) -> tuple:
     vLLM's reader layers differ in page size; q's FP8 dtype, as which the kernel and AITER's
     read the keys: the hook takes e4m3fnuz and e4m3fn), the rows a request (``next_n``: vLLM
     hands AITER's dense kernel other lengths for 2 than for 1) and the compress ratio (at 2 the
-    builder's row lengths can end past the dense kernel's): each is compared with vLLM's once."""
-    return q.shape[-2], kv_cache.shape[1], seq_lens.dim(), q.shape[1], compress_ratio, q.dtype
+    builder's row lengths can end past the dense kernel's), and the cache's start modulo 16
+    bytes and page stride modulo 64, on which the JIT specializes the kernels' pointers and
+    strides (``cand_probe.probe_step`` reproduces both): each is compared with vLLM's once."""
+    cache = kv_cache.data_ptr() % 16, kv_cache.stride(0) % 64
+    return (
+        q.shape[-2],
+        kv_cache.shape[1],
+        seq_lens.dim(),
+        q.shape[1],
+        compress_ratio,
+        q.dtype,
+        *cache,
+    )
 
 
 def _cand_probe(layer, decode, q, kv_cache, variant: tuple) -> bool:
