@@ -1054,7 +1054,8 @@ def test_twin_on_the_indexer_probe_step():
 
     real = strided_cache(8, 64, 128, 4104, "cuda")
     q = torch.zeros(3, 2, 64, 128, dtype=torch.float8_e4m3fn, device="cuda")
-    step = cand_probe.probe_step(q, real, torch.zeros(3, 2, dtype=torch.int32), 2, 300000, 2048)
+    lens, table = torch.zeros(3, 2, dtype=torch.int32), torch.zeros(3, 4689, dtype=torch.int32)
+    step = cand_probe.probe_step(q, real, lens, table, 2, 300000, 2048)
     keys, scales = cand_logits.split_cache(step.kv_cache, torch.float8_e4m3fn)
     offs = shuffle_offsets(64, 128).cuda()
     dense_keys, dense_scales = [], []

@@ -19,7 +19,9 @@ def real_step(batch, next_n, dims, heads=64, page=64):
     q = torch.zeros(batch, next_n, heads, 128, dtype=FNUZ)
     cache = torch.zeros(100, page, 1, 132, dtype=torch.uint8)
     lens = torch.zeros((batch, next_n) if dims == 2 else (batch,), dtype=torch.int32)
-    return q, cache, lens
+    # vLLM's block table is cdiv(max_model_len, block size) wide: no multiple of 16 here.
+    table = torch.zeros(batch, 1563, dtype=torch.int32)
+    return q, cache, lens, table
 
 
 VARIANTS = [  # (requests, next_n, length dims, compress ratio)
@@ -29,12 +31,14 @@ VARIANTS = [  # (requests, next_n, length dims, compress ratio)
 
 @pytest.mark.parametrize(("batch", "next_n", "dims", "ratio"), VARIANTS)
 def test_probe_is_a_step_of_the_variant_the_hook_takes(batch, next_n, dims, ratio):
-    q, cache, lens = real_step(batch, next_n, dims)
-    step = cand_probe.probe_step(q, cache, lens, ratio, 65536, 2048, seed=batch)
+    q, cache, lens, table = real_step(batch, next_n, dims)
+    step = cand_probe.probe_step(q, cache, lens, table, ratio, 65536, 2048, seed=batch)
     requests = min(batch, cand_probe.PROBE_REQUESTS)
     rows = requests * next_n
-    variant = indexer._cand_variant(q, cache, lens, ratio)
-    assert indexer._cand_variant(step.q, step.kv_cache, step.seq_lens, ratio) == variant
+    variant = indexer._cand_variant(q, cache, lens, table, ratio)
+    assert indexer._cand_variant(step.q, step.kv_cache, step.seq_lens, step.block_table, ratio) == (
+        variant
+    )
     assert step.q.shape == (requests, next_n, 64, 128) and step.q.dtype == FNUZ
     assert step.weights.shape == (rows, 64) and step.indices.shape == (rows, 512)
     assert cand_logits._hook_takes(
@@ -84,8 +88,8 @@ def test_probe_is_a_step_of_the_variant_the_hook_takes(batch, next_n, dims, rati
 def test_probe_fits_a_narrow_layer():
     """A reader layer narrower than PROBE_LEN, its width not a multiple of the page: every
     length within the width's whole pages (AITER writes a row's -inf tail to a page boundary)."""
-    q, cache, lens = real_step(2, 2, 2)
-    step = cand_probe.probe_step(q, cache, lens, 2, 1000, 2048)
+    q, cache, lens, table = real_step(2, 2, 2)
+    step = cand_probe.probe_step(q, cache, lens, table, 2, 1000, 2048)
     assert int(step.seq_lens.max()) == 960 and (step.seq_lens >= 1).all()
 
 
@@ -95,11 +99,11 @@ def test_probe_cache_aligns_as_the_real_one(pad, offset):
     modulo 64 (the keys' stride in bytes and the scales' in floats modulo 16: the JIT's
     specializations of AITER's and the plugin's kernels depend on them), whatever vLLM's page
     stride; the variant the verdict is kept under tells such caches apart."""
-    q, _, lens = real_step(2, 2, 2)
+    q, _, lens, table = real_step(2, 2, 2)
     page_bytes = 64 * 132
     base = torch.zeros(offset + 5 * (page_bytes + pad), dtype=torch.uint8)
     real = base[offset:].as_strided((5, 64, 1, 132), (page_bytes + pad, 132, 132, 1))
-    step = cand_probe.probe_step(q, real, lens, 1, 8192, 2048)
+    step = cand_probe.probe_step(q, real, lens, table, 1, 8192, 2048)
     assert step.kv_cache.stride(0) % 64 == real.stride(0) % 64
     keys, scales = cand_logits.split_cache(step.kv_cache)
     real_keys, real_scales = cand_logits.split_cache(real)
@@ -107,10 +111,10 @@ def test_probe_cache_aligns_as_the_real_one(pad, offset):
     assert scales.stride(0) % 16 == real_scales.stride(0) % 16
     assert step.kv_cache.stride(0) >= page_bytes and step.kv_cache.stride()[1:] == (132, 132, 1)
     assert step.kv_cache.data_ptr() % 16 == real.data_ptr() % 16
-    variant = indexer._cand_variant(q, real, lens, 1)
-    assert indexer._cand_variant(step.q, step.kv_cache, lens, 1) == variant
+    variant = indexer._cand_variant(q, real, lens, table, 1)
+    assert indexer._cand_variant(step.q, step.kv_cache, lens, step.block_table, 1) == variant
     plain = torch.zeros(5, 64, 1, 132, dtype=torch.uint8)
-    assert (indexer._cand_variant(q, plain, lens, 1) == variant) == (pad % 64 == offset == 0)
+    assert (indexer._cand_variant(q, plain, lens, table, 1) == variant) == (pad % 64 == offset == 0)
 
 
 def test_probe_keys_hold_the_bytes_vllms_writer_leaves():
@@ -120,8 +124,8 @@ def test_probe_keys_hold_the_bytes_vllms_writer_leaves():
     A probe of e4m3fnuz keys alone never holds 0x80, so the comparison could not see the two
     kernels treat such keys differently; the probe puts it in a few keys (at most a few
     percent of them, so that enough columns stay finite to judge)."""
-    q, cache, lens = real_step(2, 1, 2)
-    step = cand_probe.probe_step(q, cache, lens, 1, 8192, 2048)
+    q, cache, lens, table = real_step(2, 1, 2)
+    step = cand_probe.probe_step(q, cache, lens, table, 1, 8192, 2048)
     keys, _ = cand_logits.split_cache(step.kv_cache, FNUZ)
     page = step.kv_cache.shape[1]
     # SHUFFLE layout: byte (t // 16, d // 16, t % 16, d % 16) of a page holds key t, dim d.

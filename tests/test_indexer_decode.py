@@ -480,23 +480,27 @@ def test_each_candidate_kernel_variant_is_compared(vllm_env, monkeypatch):
 
 
 def test_candidate_kernel_variants():
-    """Heads, page size, the lengths' dims, next_n, the compress ratio and q's FP8 dtype (the
-    hook takes e4m3fnuz and e4m3fn; the kernel reads the keys as q's dtype, and so does the
-    probe) name a variant; the requests do not."""
+    """Heads, page size, the lengths' dims, next_n, the compress ratio, q's FP8 dtype (the hook
+    takes e4m3fnuz and e4m3fn; the kernel reads the keys as q's dtype, and so does the probe)
+    and the block table's row stride modulo 16 (the JIT specializes on it) name a variant; the
+    requests do not."""
     q = torch.empty(2, 3, 64, 128, dtype=torch.float8_e4m3fnuz)
     cache = torch.empty(10, 64, 1, 132)
-    one = indexer._cand_variant(q, cache, torch.empty(2), 1)
+    table = torch.empty(2, 32, dtype=torch.int32)
+    one = indexer._cand_variant(q, cache, torch.empty(2), table, 1)
     same = torch.empty(5, 3, 64, 128, dtype=torch.float8_e4m3fnuz)
-    assert one == indexer._cand_variant(same, cache, torch.empty(5), 1)
+    wider = torch.empty(5, 48, dtype=torch.int32)
+    assert one == indexer._cand_variant(same, cache, torch.empty(5), wider, 1)
     others = [
-        indexer._cand_variant(q[:, :, :32], cache, torch.empty(2), 1),
-        indexer._cand_variant(q, cache[:, :32], torch.empty(2), 1),
-        indexer._cand_variant(q, cache, torch.empty(2, 3), 1),
-        indexer._cand_variant(q[:, :1], cache, torch.empty(2), 1),
-        indexer._cand_variant(q, cache, torch.empty(2), 2),
-        indexer._cand_variant(q.view(torch.float8_e4m3fn), cache, torch.empty(2), 1),
+        indexer._cand_variant(q[:, :, :32], cache, torch.empty(2), table, 1),
+        indexer._cand_variant(q, cache[:, :32], torch.empty(2), table, 1),
+        indexer._cand_variant(q, cache, torch.empty(2, 3), table, 1),
+        indexer._cand_variant(q[:, :1], cache, torch.empty(2), table, 1),
+        indexer._cand_variant(q, cache, torch.empty(2), table, 2),
+        indexer._cand_variant(q.view(torch.float8_e4m3fn), cache, torch.empty(2), table, 1),
+        indexer._cand_variant(q, cache, torch.empty(2), table[:, :31].contiguous(), 1),
     ]
-    assert len({one, *others}) == 7
+    assert len({one, *others}) == 8
 
 
 def _skewed_hook(monkeypatch, env, skew: str) -> None:

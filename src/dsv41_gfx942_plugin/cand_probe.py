@@ -36,17 +36,18 @@ PAGES_AT_ONCE = 256
 WRITER_NEG_ZERO = 1 / 8192
 
 
-def probe_step(q, kv_cache, seq_lens, compress_ratio: int, width: int, cand_slots: int,
-               seed: int = 0):  # fmt: skip
+def probe_step(q, kv_cache, seq_lens, block_table, compress_ratio: int, width: int,
+               cand_slots: int, seed: int = 0):  # fmt: skip
     """Tensors of a decode step of ``q``'s variant on ``q``'s device: ``q``, ``kv_cache``,
     ``weights``, ``seq_lens``, ``block_table``, ``candidates`` (``cand_slots`` block ids a row,
     an eighth of them -1) and ``indices`` (``[rows, 512]`` int32 for the top-512). Requests
     alternate odd and even uncompressed lengths, so that at compress ratio 2 a 2-D table holds
     rows that end one column past the dense logits (``_cand_kernels._column_addresses``). The
-    cache's start is ``kv_cache``'s modulo 16 bytes and its page stride modulo 64: the JIT
-    compiles a variant a pointer aligned to 16 bytes or not and an integer a multiple of 16 or
-    not, and the kernels take the keys' page stride in bytes and the FP32 scales' in floats (a
-    quarter of it). Its pages are as many as the lengths take."""
+    cache's start is ``kv_cache``'s modulo 16 bytes, its page stride modulo 64, and the block
+    table's row stride ``block_table``'s modulo 16 (vLLM's: cdiv(max_model_len, block size)):
+    the JIT compiles a variant a pointer aligned to 16 bytes or not and an integer a multiple of
+    16 or not, and the kernels take the keys' page stride in bytes and the FP32 scales' in
+    floats (a quarter of it). Its pages are as many as the lengths take."""
     batch, next_n, heads, dim = q.shape
     page, key_bytes = kv_cache.shape[1], kv_cache.shape[3]  # a key's dim + its FP32 scale
     dev = q.device
@@ -69,10 +70,11 @@ def probe_step(q, kv_cache, seq_lens, compress_ratio: int, width: int, cand_slot
     counts = [-(-n // page) for n in lens]
     pages = sum(counts)
     order = torch.randperm(pages, generator=g, device=dev).int()
-    block_table = torch.zeros(requests, max(counts), dtype=torch.int32, device=dev)
+    columns = max(counts) + (block_table.stride(0) - max(counts)) % 16
+    pages_of = torch.zeros(requests, columns, dtype=torch.int32, device=dev)
     start = 0
     for b, n in enumerate(counts):
-        block_table[b, :n] = order[start : start + n]
+        pages_of[b, :n] = order[start : start + n]
         start += n
     page_bytes = page * key_bytes
     stride = page_bytes + (kv_cache.stride(0) - page_bytes) % 64
@@ -102,7 +104,7 @@ def probe_step(q, kv_cache, seq_lens, compress_ratio: int, width: int, cand_slot
         kv_cache=cache,
         weights=torch.randn(rows, heads, generator=g, device=dev) / heads,
         seq_lens=table.to(dev),
-        block_table=block_table,
+        block_table=pages_of,
         candidates=candidates,
         indices=torch.full((rows, 512), -1, dtype=torch.int32, device=dev),
     )

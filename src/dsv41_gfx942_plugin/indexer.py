@@ -318,7 +318,7 @@ def _candidate_logits(layer, decode, q, kv_cache, weights, cands, out) -> bool:
     (it is about 45 MB: 36 MB of cache and the keys drawn 256 pages at a time)."""
     if decode.requires_padding:
         return False  # the hook takes no padded step: nothing to compare for
-    variant = _cand_variant(q, kv_cache, decode.seq_lens, layer.compress_ratio)
+    variant = _cand_variant(q, kv_cache, decode.seq_lens, decode.block_table, layer.compress_ratio)
     verdict = _cand_verdict.get(variant)
     if verdict is None:
         if _capturing(q):
@@ -343,15 +343,18 @@ def _candidate_logits(layer, decode, q, kv_cache, weights, cands, out) -> bool:
 MIN_COMPARED = 2048
 
 
-def _cand_variant(q, kv_cache, seq_lens, compress_ratio: int) -> tuple:
+def _cand_variant(q, kv_cache, seq_lens, block_table, compress_ratio: int) -> tuple:
     """What the candidate-logits kernel is compiled for (heads, page size, 1-D or 2-D lengths;
     vLLM's reader layers differ in page size; q's FP8 dtype, as which the kernel and AITER's
     read the keys: the hook takes e4m3fnuz and e4m3fn), the rows a request (``next_n``: vLLM
     hands AITER's dense kernel other lengths for 2 than for 1) and the compress ratio (at 2 the
     builder's row lengths can end past the dense kernel's), and the cache's start modulo 16
-    bytes and page stride modulo 64, on which the JIT specializes the kernels' pointers and
-    strides (``cand_probe.probe_step`` reproduces both): each is compared with vLLM's once."""
-    cache = kv_cache.data_ptr() % 16, kv_cache.stride(0) % 64
+    bytes, its page stride modulo 64 and the block table's row stride modulo 16, on which the
+    JIT specializes the kernels' pointers and strides (``cand_probe.probe_step`` reproduces
+    them; q and the candidates are contiguous, and vLLM's head weights, ``torch.empty_like``
+    of its projection's, dense, so their strides follow from their shapes): each is compared
+    with vLLM's once."""
+    layout = kv_cache.data_ptr() % 16, kv_cache.stride(0) % 64, block_table.stride(0) % 16
     return (
         q.shape[-2],
         kv_cache.shape[1],
@@ -359,7 +362,7 @@ def _cand_variant(q, kv_cache, seq_lens, compress_ratio: int) -> tuple:
         q.shape[1],
         compress_ratio,
         q.dtype,
-        *cache,
+        *layout,
     )
 
 
@@ -374,7 +377,7 @@ def _cand_probe(layer, decode, q, kv_cache, variant: tuple) -> bool:
     than about 2,400 columns) keep this variant on vLLM's path. Host syncs: never inside
     capture."""
     step = cand_probe.probe_step(
-        q, kv_cache, decode.seq_lens, layer.compress_ratio, layer.max_model_len,
+        q, kv_cache, decode.seq_lens, decode.block_table, layer.compress_ratio, layer.max_model_len,
         layer.candidate_blocks.shape[1],
     )  # fmt: skip
     step.schedule_metadata = decode.schedule_metadata  # the step doubles as its decode metadata
