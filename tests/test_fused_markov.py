@@ -669,10 +669,10 @@ def test_scratch_is_one_set_a_speculator_shape(monkeypatch):
 
 def test_launch_keys_tell_configurations_apart():
     """A launch configuration's key (compiled, compared with vLLM's loop, broken) names the
-    device type, the vocabulary, the draft steps, the rank, greedy or sampled drafts and the
-    noise dtype besides the block sizes: a configuration compared or broken for one speculator
-    says nothing of one that differs only there (under the interpreter all of these share their
-    block sizes at 3 rows)."""
+    device type, the vocabulary, the draft steps, the rank, greedy or sampled drafts, the
+    noise dtype and the speculator's rows (the winners' row stride) besides the block sizes: a
+    configuration compared or broken for one speculator says nothing of one that differs only
+    there (under the interpreter all of these share their block sizes at 3 rows)."""
     cpu = torch.device("cpu")
 
     def key(device=cpu, **kw):
@@ -683,7 +683,23 @@ def test_launch_keys_tell_configurations_apart():
     keys = [key(), key(greedy=True), key(fp64=True), key(head=rank128), key(vocab=280)]
     keys.append(key(n_spec=3))
     keys.append(key(torch.device("cuda", 0)))
+    keys.append(key(max_num_reqs=8))
     assert len(set(keys)) == len(keys) and key() == keys[0]
+
+
+def test_launch_keys_name_the_last_launchs_tile():
+    """The last launch takes the batch's next power of two rows a program, up to 64: a batch
+    under one step configuration but another last tile compiles another last kernel, so its key
+    differs and it is compared on its own (sampled drafts from 17 rows up: one step
+    configuration, last tiles 32 and 64)."""
+    cuda = torch.device("cuda", 0)
+    spec, _ = _base_case(seed=74, max_num_reqs=256)
+
+    def key(rows):
+        return F._launch_key(spec, rows, cuda)
+
+    assert key(17)[1] == key(33)[1] == key(256)[1]
+    assert key(17)[0] == key(32)[0] != key(33)[0] == key(256)[0]
 
 
 def test_launch_configuration_follows_the_draft_method():
@@ -855,6 +871,30 @@ def test_base_logits_the_kernel_cannot_take_run_vllms_loop_once(make, raises, ke
         return
     assert spy.launches == 0 and done == (ref_done or True)
     assert torch.equal(ref["tokens"], out["tokens"]) and torch.equal(ref["cache"], out["cache"])
+
+
+def test_base_logits_past_the_rocm_limit_run_vllms_loop(spy, monkeypatch, clean_plugin):
+    """On ROCm, base logits whose storage passes BASE_BYTES (2**31 - 1: Triton compiles the
+    kernel for 32-bit buffer loads up to it, otherwise past it) take vLLM's loop from those
+    logits, so that no batch runs a compiled variant the comparison did not; at the limit the
+    launches serve. Here the limit is set about this step's base logits."""
+    spec, hidden = _base_case(seed=75)
+    sizes = []
+    compute = spec.model.compute_draft_logits
+    spec.model.compute_draft_logits = lambda h: (
+        lambda x: sizes.append(x.untyped_storage().nbytes()) or x
+    )(compute(h))
+    fused = spec.num_speculative_steps + 1
+    for over, launches in ((None, fused), (1, 0), (0, fused)):  # the first (CUDA) sizes them
+        monkeypatch.setattr(F, "BASE_BYTES", over if over is None else sizes[0] - over)
+        spy.launches = 0
+        took, ref, out = R.run_both(spec, 3, hidden, F.sample_sequential, fused_only=False)
+        assert took and spy.launches == launches and len(set(sizes)) == 1
+        if not launches:  # vLLM's loop ran (the spy stands in for the kernels)
+            assert torch.equal(ref["tokens"], out["tokens"])
+            assert torch.equal(ref["cache"], out["cache"])
+    loop = {"vLLM's loop from the base logits (base logits past 2 GiB)": 1}
+    assert clean_plugin.stats()["fused_markov"] == {"taken": 2, "declined": 1, "reasons": loop}
 
 
 def _out_of_shared_memory():

@@ -116,6 +116,14 @@ RANK_STEP = 64
 MAX_RANK = 1024
 # The smallest vocabulary block any configuration uses (sizes the fp64 block-best scratch).
 MIN_BV = 64
+# Rows a program of the last launch takes at most (fewer: the batch's next power of two).
+LAST_MAX_TILE = 64
+# ROCm's Triton compiles a kernel one way for a tensor whose storage spans at most 2**31 - 1
+# bytes (32-bit buffer loads) and another for a larger one. The base logits are the one tensor
+# that grows with the batch (num_reqs x steps x the padded vocabulary in bf16: past this from
+# 1,662 requests of 5 steps at 129,280 tokens); a larger one takes vLLM's loop, so that what
+# serves is the variant the comparison ran. None: no such variant (CUDA).
+BASE_BYTES = 2**31 - 1 if torch.version.hip else None
 
 _logged: set[str] = set()
 _buffers: dict = {}
@@ -248,9 +256,17 @@ def _launch_key(spec, num_reqs: int, device: torch.device) -> tuple[tuple, dict]
     cfg = _config(num_reqs, vocab, w1.shape[1], _interpreted(device), greedy=greedy)
     # The vocabulary (the last block's masks) and the draft steps (the launches) too: one
     # speculator's comparison says nothing of another's, as a second engine in a process may be.
+    # And what else the launches compile or specialize on: the last launch's tile and the
+    # winners' row stride (the speculator's rows).
     fp64 = bool(spec.use_fp64_gumbel)
     key = (device.type, vocab, spec.num_speculative_steps, w1.shape[1], greedy, fp64)
+    key += (spec.max_num_reqs, _last_tile(num_reqs))
     return key + tuple(sorted(cfg.items())), cfg
+
+
+def _last_tile(num_reqs: int) -> int:
+    """Rows a program of the last launch (a constexpr: each value compiles its own kernel)."""
+    return min(triton.next_power_of_2(num_reqs), LAST_MAX_TILE)
 
 
 def _capturing_cold(spec, device: torch.device, vocab: int) -> bool:
@@ -369,6 +385,9 @@ def _from_base(spec, num_reqs: int, base: torch.Tensor, sample_hidden: torch.Ten
         # The lm_head's output is not what the kernel adds to: vLLM's loop, from these logits.
         _log_once(f"{base.dtype} base logits of width {vocab} (bias {bias_width})")
         return _rest(spec, num_reqs, base, sample_hidden, "base logits the kernel does not take")
+    if BASE_BYTES is not None and base.untyped_storage().nbytes() > BASE_BYTES:
+        _log_once(f"base logits of more than {BASE_BYTES} bytes")
+        return _rest(spec, num_reqs, base, sample_hidden, "base logits past 2 GiB")
     key, cfg = _launch_key(spec, num_reqs, base.device)
     if key in _broken:
         _log_once(f"a launch configuration that did not compile here: {key}")
@@ -505,7 +524,7 @@ def _launch(spec, num_reqs: int, base: torch.Tensor, w1: torch.Tensor, w2: torch
                 NB_P2=triton.next_power_of_2(nb),
                 NATIVE_BF16=cfg["NATIVE_BF16"],
             )
-    r_tile = min(triton.next_power_of_2(num_reqs), 64)
+    r_tile = _last_tile(num_reqs)
     K._markov_last_kernel[(triton.cdiv(num_reqs, r_tile),)](
         tokens,
         tokens.stride(0),
