@@ -47,7 +47,10 @@ def probe_step(q, kv_cache, seq_lens, block_table, compress_ratio: int, width: i
     table's row stride ``block_table``'s modulo 16 (vLLM's: cdiv(max_model_len, block size)):
     the JIT compiles a variant a pointer aligned to 16 bytes or not and an integer a multiple of
     16 or not, and the kernels take the keys' page stride in bytes and the FP32 scales' in
-    floats (a quarter of it). Its pages are as many as the lengths take."""
+    floats (a quarter of it). Its pages are as many as the lengths take, so its storage stays
+    within the 2 GiB past which ROCm's Triton compiles yet another variant (a whole KV cache's):
+    the gfx942 kernel's instructions are the same for it (``tests/test_cand_logits.py``,
+    ``test_gfx942_code_is_the_same_for_a_whole_kv_cache``)."""
     batch, next_n, heads, dim = q.shape
     page, key_bytes = kv_cache.shape[1], kv_cache.shape[3]  # a key's dim + its FP32 scale
     dev = q.device
