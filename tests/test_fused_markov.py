@@ -881,9 +881,13 @@ def test_base_logits_past_the_rocm_limit_run_vllms_loop(spy, monkeypatch, clean_
     spec, hidden = _base_case(seed=75)
     sizes = []
     compute = spec.model.compute_draft_logits
-    spec.model.compute_draft_logits = lambda h: (
-        lambda x: sizes.append(x.untyped_storage().nbytes()) or x
-    )(compute(h))
+
+    def sized(h):
+        base = compute(h)
+        sizes.append(base.untyped_storage().nbytes())
+        return base
+
+    spec.model.compute_draft_logits = sized
     fused = spec.num_speculative_steps + 1
     for over, launches in ((None, fused), (1, 0), (0, fused)):  # the first (CUDA) sizes them
         monkeypatch.setattr(F, "BASE_BYTES", over if over is None else sizes[0] - over)
