@@ -552,6 +552,9 @@ __device__ __noinline__ uint32_t block_score(const float* row, int c0, int c1) {
 // K 2048, 20.7 us under graph replay against 26.1 for the kernel then, but 32.9 against 27.3
 // eager (one launch more of host time), and the issue asks one launch; on ROCm vLLM launches
 // the indexer eagerly by default (an eager break of its breakable graph). Not adopted.
+// Nor in one launch with the row's last scoring workgroup cutting (H100, 6 x 128k: 15.1 -> 12.3
+// us): it needs a device-scope fence, a write-back and invalidate of gfx942's L2 (about 16 us;
+// benchmarks/topk_sweeps.md, "Measured and not adopted").
 // Where its time goes (H200, clock64 stamps of thread 0 after each barrier, 6 x 128k random
 // rows, 30.3k cycles in all, before SPARSE_POP): thread 0's loads and scores 10.7k cycles, the
 // reduction (the other waves' loads) 3.4k, the first radix pass's count 5.3k and its scan 1.0k,
