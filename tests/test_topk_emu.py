@@ -481,7 +481,7 @@ def test_load_time_check_passes(emu):
     decode paths, 1-D and 2-D lengths, ties, -inf, NaN) accepts these kernels' answers at
     gfx942's wave width, 64, and at the H200's, 32 (where tests/test_topk_gpu.py runs it on the
     GPU too): a check that failed on correct gfx942 kernels would keep every top-k hook off
-    there. About 30 s a width."""
+    there. About 37 s a width (this project's 2-core VM)."""
     assert _topk_check.check(torch.device("cpu")) is None
 
 

@@ -585,13 +585,13 @@ def sanitized_calls():
 @needs_sanitizer
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
 def test_kernels_pass_sanitizer(tool):
-    """``sanitized_calls`` under compute-sanitizer: no access outside an allocation (memcheck),
-    no shared-memory race between threads (racecheck: the LDS lists, histograms and bitmaps
-    between barriers), no barrier a thread of the workgroup skips (synccheck). The sm_90 build
-    of the gfx942 source; a race here would be one there too, whatever the wave width. H200:
-    about 35 s a tool. Not initcheck: the merge kernels read every unit's slots before they
-    know the row's end and clear those past it (by design: the end's read then waits beside
-    them), which it reports (H100, 2026-12-06: 1.7M reports, those printed at one
-    dsv_topk512_merge load; the Markov kernels none); torch's own topk in the load-time check
-    reads uninitialized workspace too."""
+    """``sanitized_calls`` under compute-sanitizer: no access outside an allocation (memcheck), no
+    shared-memory race between threads (racecheck: the LDS lists, histograms and bitmaps between
+    barriers), no barrier a thread of the workgroup skips (synccheck). The sm_90 build of the gfx942
+    source; a race here would be one there too, whatever the wave width. H100 (2026-12-07):
+    racecheck 87 s, memcheck and synccheck 15 s each. Not initcheck: the merge kernels read every
+    unit's slots before they know the row's end and clear those past it (by design: the end's read
+    then waits beside them), which it reports (H100, 2026-12-06: 1.7M reports, those printed at one
+    dsv_topk512_merge load; the Markov kernels none); torch's own topk in the load-time check reads
+    uninitialized workspace too."""
     assert_clean(tool, "import test_topk_gpu as T; T.sanitized_calls()", timeout=170)

@@ -13,9 +13,9 @@ vLLM's) and a small verify launch recomputes each row's few closest blocks with 
 noise, so the sampled tokens stay vLLM's. One small launch stores the last step's tokens. It
 serves greedy and probabilistic drafts, fp32 and fp64 noise, any batch up to the speculator's
 ``max_num_reqs``, and runs inside vLLM's CUDA graph of the draft step. On an H200 it beats vLLM's
-loop at every batch measured (``benchmarks/bench_markov.py``, graphed, 5 steps, two runs:
-2.08-2.24x at 1 row, 2.17x at 64, 2.13-2.16x at 256; greedy drafts 3.31-3.50x, 3.45-3.53x,
-2.60-2.63x), so no batch size sends a step back to the loop.
+loop at every batch measured (``benchmarks/bench_markov.py``, graphed, 5 steps, three runs:
+2.08-2.24x at 1 row, 2.17x at 64, 2.13-2.16x at 256; greedy drafts 3.31-3.51x, 3.45-3.53x,
+2.58-2.63x), so no batch size sends a step back to the loop.
 
 Tokens equal vLLM's wherever the step's logits are bit-equal; a bias may differ from vLLM's in
 its last bf16 bit (another summation order of the same exact products), which changes only which
