@@ -3,7 +3,8 @@
 For each row count, 5 draft steps over DSv4.1's vocabulary (129280) and Markov rank (256),
 probabilistic drafts (fp32 Gumbel noise, temperature 1, every row live), it times
 
-- fused: ``fused_markov._launch`` (one launch a step plus one), eager and in a CUDA graph;
+- fused: ``fused_markov._launch`` (one launch a step plus one; from 17 sampled rows a verify
+  launch a step too), eager and in a CUDA graph;
 - vLLM: vLLM's loop with the draft model's hooks written out (embedding, bf16 ``F.linear``, add,
   vLLM's own Triton ``gumbel_sample``, token store: ``tests/ref_markov.transcribed_loop``), eager
   and graphed; where vLLM cannot be imported, the same op sequence with torch's Gumbel noise;

@@ -132,7 +132,7 @@ __device__ __forceinline__ int chunk_len(int end, int min_chunk, int max_chunks)
 }
 
 // ------------------------------------------------------------------- decode top-512, pass 1
-// Grid (max_chunks, rows). All four decode kernels take the same arguments.
+// Grid (max_chunks, rows). Both chunk kernels take these arguments; the merges MERGE_ARGS.
 #define TOPK_ARGS                                                                        \
   const float *logits, long long row_stride, int width, const int32_t *seq_lens,         \
       int causal, int next_n, int32_t *indices, long long idx_stride, uint32_t *cand_keys, \
@@ -143,7 +143,7 @@ __device__ __forceinline__ int chunk_len(int end, int min_chunk, int max_chunks)
 // row's candidate scratch (key and column) for the merge, the slots left over cleared (key 0:
 // no entry). col(slot) is a column relative to lo (what the list stores: uint16 in
 // dsv_topk512_chunks).
-// A superset (cap 1024 in launches of up to 8 chunks a row, where the merge has 8192 slots)
+// A superset (cap 1024 in every chunk launch, CHUNK_SLOTS; a merge unit of 8 chunks, 8192 slots)
 // skips the chunk's exact cut: the keys above its floor, about 720 of a random 16k chunk and 820
 // of a 7/8-masked one (p99 780 / 930, modelled), go to the merge as they are. H200, same-run
 // A/B against exact 512-key chunks, with the floor of partial chunks (hip/topk_select.h) and
@@ -335,9 +335,9 @@ DSV_KERNEL(MERGE_THREADS, 1) dsv_topk512_merge_final(MERGE_ARGS) {
 // atomics. H200, same-run A/B against the hash table alone (clock() stamps: 11068 of a
 // workgroup's 29858 cycles), 6 x 2048 x 8 of 128k: 16.54 -> 11.36 us; 1M rows 17.31 -> 11.31;
 // 48 rows 17.67 -> 12.03; candidates with duplicates 13.68 -> 15.35 (both passes).
-// Lane pairs load halves of a block: a wave's float4 loads then cover 16 whole 32-byte blocks
-// each, not 32 half blocks (the gather above was 4775 cycles against 3903 for a decode
-// chunk's contiguous loads).
+// Lane pairs load halves of a block: 32 lanes' float4 loads then cover 16 whole 32-byte blocks,
+// not 32 half blocks (a gfx942 wave's 64 lanes: 32, not 64; the gather above was 4775 cycles
+// against 3903 for a decode chunk's contiguous loads).
 constexpr int BITMAP_BLOCKS = 2 * TABLE * 32;  // the bitmap shares the hash table's LDS
 DSV_KERNEL(CAND_THREADS, 1) dsv_topk512_candidates(const float* logits, long long row_stride,
                                                    int width, const int32_t* seq_lens,

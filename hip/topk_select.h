@@ -5,9 +5,9 @@
 // candidate). A workgroup holds its keys in registers and takes its k largest (top_k):
 //  1. a floor from one histogram pass over the maxima of groups of G keys of a thread (at
 //     least k maxima, so at least k keys, are >= it; most keys are below it), its bins over at
-//     most FLOOR_SPAN below the greatest; when fewer than k maxima are above -inf (7/8-masked
-//     rows) or fewer than 2k are valid (a row's partial last chunk), over the top two keys of
-//     each group;
+//     most FLOOR_SPAN below the greatest; when fewer than k maxima (2k with interleaved groups)
+//     are above -inf (7/8-masked rows) or fewer than 2k are valid (a row's partial last chunk),
+//     over the top two keys of each group (where those number at least k);
 //  2. the keys above the floor are copied, with their column ids, to an LDS list (when at most
 //     LIST of them, as in every random, masked or tied row measured). Where the caller takes a
 //     superset (a chunk of a row whose merge has room), the list is written out as it is when
@@ -76,7 +76,7 @@ __device__ __forceinline__ uint32_t order_key(float f) {
 }
 
 // Id: the type of the list's column ids. dsv_topk512_chunks stores a chunk's local column
-// (< 16384) as uint16_t: 26.3 KiB of LDS in place of 34.6, so two of its workgroups fit a
+// (< 16384) as uint16_t: 26.3 KiB of LDS in place of 34.3, so two of its workgroups fit a
 // gfx942 CU's 64 KiB (its 84 VGPRs allow two as well); the other kernels keep int32 ids.
 template <int BLOCK, class Id = int32_t, int BITS = DIGIT>
 struct Sel {
@@ -276,8 +276,8 @@ struct ListKeys {
   }
 };
 
-// Clears hist[0]; a kernel calls it before loading its keys (top_k's first barrier orders it
-// before the first count).
+// Clears hist[0]; a kernel calls it before its first count (some issue their loads first):
+// top_k's first barrier orders it before that count.
 template <int BLOCK, class Id, int B>
 __device__ __forceinline__ void select_prologue(Sel<BLOCK, Id, B>& s) {
   for (int i = threadIdx.x; i < Sel<BLOCK, Id, B>::BINS; i += BLOCK) s.hist[0][i] = 0;
@@ -381,11 +381,12 @@ __device__ __forceinline__ Cut span_cut(Sel<BLOCK, Id, B>& s, int& ph, Keys& key
   return c;
 }
 
-// Two passes over 64 register keys that compare them with the same threshold would keep 64
-// comparison masks alive between the passes (the compiler reuses the first pass's), spilling
-// SGPRs on gfx942. Thread 0 stores the threshold before the block_scan/block_reduce call of
-// parity `buf` (whose barrier publishes it) and every thread reads it back after: the same
-// value, which the compiler cannot see, so the second pass compares afresh.
+// Two passes over a thread's register keys that compare them with the same threshold would keep a
+// comparison mask a key alive between the passes (the compiler reuses the first pass's), spilling
+// SGPRs on gfx942 (found with 64 keys a thread; 32 at most now). Thread 0 stores the threshold
+// before the block_scan/block_reduce call of parity `buf` (whose barrier publishes it) and every
+// thread reads it back after: the same value, which the compiler cannot see, so the second pass
+// compares afresh.
 template <int BLOCK, class Id, int B>
 __device__ __forceinline__ void relay(Sel<BLOCK, Id, B>& s, int buf, uint32_t a, uint32_t b) {
   if (threadIdx.x == 0) {
@@ -533,9 +534,10 @@ __device__ __forceinline__ uint32_t top_k(Sel<BLOCK, Id, B>& s, Keys& keys, uint
       top2.k[2 * g + 1] = t2[g];
     }
     top2.used = 2 * M;
-    // With fewer than k valid maxima (a partial chunk of 2-4 blocks of 512 columns: 4 keys a
-    // group), the top two keys may still be k; the floor pass then spans every valid key, and
-    // when even that holds fewer than k, there is no floor (every valid key is above 0).
+    // With fewer than k valid maxima (a partial chunk under 1024 columns: two keys a group, of
+    // its threads' first float4s), the top two keys may still be k; the floor pass then spans
+    // every valid key, and when even that holds fewer than k, there is no floor (every valid key
+    // is above 0).
     // (span_cut, but retrying over every valid key when fewer than k maxima are valid.)
     Cut f = radix_cut(s, ph, top2, k, thi - tlo > FLOOR_SPAN ? thi - FLOOR_SPAN : tlo, thi, pc, 1);
     if (f.total == 0) f = radix_cut(s, ph, top2, k, nmax >= k ? tlo : 1u, thi, pc, 1);
@@ -592,16 +594,18 @@ __device__ __forceinline__ uint32_t top_k(Sel<BLOCK, Id, B>& s, Keys& keys, uint
     for (int i = threadIdx.x; i < (int)k; i += BLOCK) out(s.key[i], s.id[i], (uint32_t)i);
     return k;
   }
-  // The cut among the keys above the floor, over [floor + 1, the greatest key]: exact, or where
-  // a superset will do (a chunk, a first merge), every key in or above the k-th key's bin once
-  // that bin holds at most cap - k keys (fewer than cap in all): one radix pass, where the
-  // exact cut takes up to four. A chunk with a cluster of high logits has more than cap keys
-  // above its floor. H200, same run, three rounds, against the exact cut: 6x128k rows whose
-  // newest 4096 logits are raised by 3 18.55-18.57 -> 17.34-17.38 us, one cluster of 600
-  // 17.13-17.15 -> 16.71-16.73; 32x1M ascending / descending rows 132.6-132.8 / 132.5-132.6 ->
-  // 121.6-121.8 / 124.0-124.2; random rows within 0.4%; but 6x128k descending / ascending rows
-  // 18.38-18.40 / 17.26-17.28 -> 19.11-19.37 / 17.63-17.74, where a chunk's exact 512 were the
-  // row's answer and its merge's floor landed on the 512th key (no radix pass there).
+  // The cut among the keys above the floor, over [floor + 1, the greatest key]: exact, or where a
+  // superset will do (a chunk, a first merge), every key in or above the k-th key's bin once that
+  // bin holds at most cap - k keys (fewer than cap in all): one radix pass, where the exact cut
+  // takes up to four. A chunk with a cluster of high logits had more than cap keys above its floor
+  // while the groups were consecutive (the interleaved groups leave about 650 of a chunk whose
+  // newest 4096 are raised, 1,022 of an ascending one, within cap; modelled). H200, same run, three
+  // rounds, against the exact cut: 6x128k rows whose newest 4096 logits are raised by 3 18.55-18.57
+  // -> 17.34-17.38 us, one cluster of 600 17.13-17.15 -> 16.71-16.73; 32x1M ascending / descending
+  // rows 132.6-132.8 / 132.5-132.6 -> 121.6-121.8 / 124.0-124.2; random rows within 0.4%; but
+  // 6x128k descending / ascending rows 18.38-18.40 / 17.26-17.28 -> 19.11-19.37 / 17.63-17.74,
+  // where a chunk's exact 512 were the row's answer and its merge's floor landed on the 512th key
+  // (no radix pass there).
   const uint32_t loose = cap > k ? cap - k : 0u;
   if (ngt > LIST) {
     const Cut cut = radix_cut(s, ph, keys, k, above + 1, thi, pc, 32, loose);

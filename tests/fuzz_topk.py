@@ -73,8 +73,9 @@ def _row(n: int, rng: random.Random, g: torch.Generator) -> torch.Tensor:
 
 
 def decode(rng, g, device):
-    # Widths and ends about the kernels' branch points: a chunk's valid group maxima (of 4
-    # keys) below k, 2k, 4k (1,024-4,096 live keys); several chunks with a short last one.
+    # Widths and ends about the kernels' branch points: a chunk's valid group maxima (two keys
+    # a group in its threads' first float4s) below k and 2k (1,024 and 2,048 live keys);
+    # several chunks with a short last one.
     near = rng.randint(1000, 4200)
     width = rng.choice([rng.randint(4, 3000), near, rng.randint(3000, 40000), 16384 + near])
     rows = rng.randint(1, 3)

@@ -3,8 +3,9 @@
 ``make_case`` builds a real ``DSparkSpeculator`` with ``__new__`` and the attributes its
 ``_sample_sequential`` reads, around a small draft model holding vLLM's own ``DSparkMarkovHead``
 and ``LogitsProcessor`` (bf16, random weights); its ``compute_draft_logits`` returns preset base
-logits. ``run_vllm`` runs vLLM 0.33.0's original loop, ``run_fused`` the plugin's launches, each
-from the same state. ``check_rule`` applies the rule of issue 4:
+logits. ``run_both`` runs vLLM 0.33.0's original loop and then the plugin's launches from the
+same state (``run_both_plain``: the transcribed loop, ``transcribed_loop``, where the speculator
+cannot be imported). ``check_rule`` applies the rule of issue 4:
 
 for every row and step whose earlier tokens equal vLLM's, where the step's cached logits are
 bit-equal to vLLM's the token equals vLLM's; a cached value differs from vLLM's only by a

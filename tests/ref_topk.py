@@ -62,8 +62,9 @@ def make_logits(rows, width, kind="randn", seed=0, stride=None, device="cpu"):
         x.fill_(1.5)
     elif kind == "zeros":  # 95% zeros, the rest random: ties below the cut
         x.masked_fill_(torch.rand(x.shape, device=device, generator=g) < 0.95, 0.0)
-    elif kind == "max_every_4":  # every float4 holds the row's greatest value: each group of
-        # keys has the same maximum, and a row under 2048 columns has fewer than 512 copies
+    elif kind == "max_every_4":  # every float4 holds the row's greatest value, at its x: the
+        # even-slot group of each thread of the interleaved kernels tops at it (the odd-slot one
+        # holds y and w), and a row under 2048 columns has fewer than 512 copies
         x.zero_()[:, ::4] = 1.0
     elif kind == "one_binade":  # logits in [1, 2) and a NaN in every 16384 columns: the
         # NaN's key tops the floor pass's range, so its bins span a binade and nearly every key
@@ -155,6 +156,29 @@ def tied_top_row(width: int, pop: int, device="cpu") -> torch.Tensor:
     blocks = _blocks_after_tied(width, pop, 3000, g)
     x[0, blocks * 8] = bits.to(torch.int32).view(torch.float32)
     return x.to(device)
+
+
+def equal_top_two_compact(seed: int, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """A [1, 16384] compact row (logits, ids) whose live entries put one value V = 1.0 atop every
+    live group of keys of dsv_topk512_compact (entry i: slot i // 512 of thread i % 512; group
+    (thread, slot % 2)), each group's second key V too or absent: 200 groups of one live entry
+    (V), 100 of two V and 14 lower. The floor pass over the groups' top two keys opens on one
+    value (its range [V, V]) holding 400 copies, fewer than k: radix_cut must count them before
+    taking V as the 512th key (else 112 slots of the answer are stale LDS entries). Only compact
+    rows reach that range: the decode and candidate kernels' keys are live or absent a float4 at
+    a time (but the one holding a row's end), so each of their live groups holds two keys, and
+    top two keys all equal mean at least k copies."""
+    n = 16384
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(1, n, generator=g) * 0.5
+    ids = torch.full((1, n), -1, dtype=torch.int32)
+    slot, thread = torch.arange(n) // 512, torch.arange(n) % 512
+    single = (thread < 200) & (slot == 0)  # group (thread, slot % 2): the even slots
+    double = (thread >= 200) & (thread < 300) & (slot % 2 == 0)
+    x[0, single | (double & (slot < 4))] = 1.0
+    live = single | double
+    ids[0, live] = torch.randperm(1 << 20, generator=g)[: int(live.sum())].int()
+    return x.to(device), ids.to(device)
 
 
 def order_key(x: torch.Tensor) -> torch.Tensor:

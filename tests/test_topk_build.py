@@ -128,7 +128,7 @@ def _per_cu() -> dict[str, int]:
 def test_occupancy_is_the_declared_one(metadata):
     """Every kernel declares the workgroups a gfx942 CU holds at once, and the sm_90 build runs
     at that occupancy (hip/portability.h), so H200 timings of wide launches keep the product's
-    shape. The chunk kernel needs two: with int32 list ids it took 34.6 KiB of LDS (one a CU,
+    shape. The chunk kernel needs two: with int32 list ids it took 34.3 KiB of LDS (one a CU,
     each a latency-bound chain of barriers); uint16 ids (26.3 KiB, 84 VGPRs) let two share
     one."""
     declared = _per_cu()

@@ -126,8 +126,8 @@ def out(rows, cols=512):
         (1, 32768, [32768], "masked"),
         (1, 40000, [40000], "cluster"),  # chunks cut their supersets at a radix pass's bin
         (4, 600, [0, 1, 512, 513], "randn"),  # short and empty rows
-        # Equal group maxima, fewer than 512 of them: the floor from each group's top two keys
-        # must count that value's keys, not take it as the 512th (it wrote stale LDS entries).
+        # Ties at the maximum, fewer than 512 copies, atop every even-slot group of keys (with
+        # consecutive groups, every group: then the rows of 2217b78's fix; now compact rows).
         (2, 2048, [1500, 2047], "max_every_4"),
         (1, 1500, [1500], "max_every_4"),
     ],
@@ -349,8 +349,11 @@ def test_compact_fewer_live_ids_than_k(emu, live):
 
 
 def test_candidates_with_equal_group_maxima(emu):
-    """130 live blocks (1040 columns) whose every half block holds the row's maximum: 260
-    copies, fewer than 512, in every group of keys (the floor from the groups' top two keys)."""
+    """130 live blocks (1040 columns) whose every half block holds the row's maximum at its first
+    column: 260 copies, fewer than 512, atop the even-slot group of each live thread, the floor
+    from the groups' top two keys (520 valid maxima, fewer than 2k). Written when the groups were
+    consecutive and every one topped at the maximum (2217b78's one-value range; since the
+    interleaved groups ``test_compact_equal_top_two_keys_fewer_than_k`` reaches that)."""
     width, bs = 131072, 8
     x = logits_of(1, width, "max_every_4", seed=12)
     cands = torch.full((1, 2048), -1, dtype=torch.int32)
@@ -361,8 +364,9 @@ def test_candidates_with_equal_group_maxima(emu):
 
 
 def test_compact_with_equal_group_maxima(emu):
-    """A compact row whose live lanes (300 of each 512) hold two values, the greater in every
-    group of the first half: fewer than 512 copies of it, with every group's maximum equal."""
+    """A compact row whose live lanes (300 of each 512) hold two values: 300 copies of the greater
+    (slot 0 of threads 0-299, atop their even-slot groups), fewer than 512, then the cut among
+    300 ties of the lesser (the odd-slot groups' maxima)."""
     x = torch.zeros(1, 1024)
     ids = torch.full((1, 1024), -1, dtype=torch.int32)
     live = torch.arange(1024) % 512 < 300
@@ -579,9 +583,10 @@ FUZZ_CASES = 250  # a wave width; about 25 s each on a CI core
 def test_fuzz(emu):
     """Random rows of every hook against the references (``fuzz_topk``), seeded (the failing
     case's seed is in the message). A review helper's fuzz found rows whose every group of keys
-    had the same maximum with fewer than 512 copies (7 failures in 4,691 cases; test_decode's
-    max_every_4 rows since); on the kernels before that fix this one fails at wave 64 (case
-    120)."""
+    had the same maximum with fewer than 512 copies (7 failures in 4,691 cases); on the kernels
+    before that fix (2217b78) this one failed at wave 64 (case 120) while the groups were
+    consecutive. With the interleaved groups it passes with the fix reverted (checked
+    2026-12-07): ``test_compact_equal_top_two_keys_fewer_than_k`` fails then."""
     fuzz_topk.run(FUZZ_CASES, emu, "cpu", f"wave{emu}")
 
 
@@ -606,22 +611,11 @@ def test_select_finite_scores_sharing_the_top_bin_with_infinities(emu):
 
 
 def test_compact_equal_top_two_keys_fewer_than_k(emu):
-    """A compact row whose live entries put one value V atop every live group of keys, with
-    each group's second key V too or absent: 200 groups of one live entry (V), 100 of two V and
-    14 lower. The floor pass over the groups' top two keys opens on one value (its range
-    [V, V]) holding 400 copies, fewer than k: it must count them before taking V as the 512th
-    key (else 112 slots of the answer are stale LDS entries); the answer is the 400 V and the
-    112 greatest lower keys."""
-    n, v = 16384, 1.0
-    g = torch.Generator().manual_seed(15)
-    x = torch.rand(1, n, generator=g) * 0.5
-    ids = torch.full((1, n), -1, dtype=torch.int32)
-    slot, thread = torch.arange(n) // 512, torch.arange(n) % 512  # entry i: slot i // 512
-    single = (thread < 200) & (slot == 0)  # group (thread, slot % 2): the even slots
-    double = (thread >= 200) & (thread < 300) & (slot % 2 == 0)
-    x[0, single | (double & (slot < 4))] = v
-    live = single | double
-    ids[0, live] = torch.randperm(1 << 20, generator=g)[: int(live.sum())].int()
+    """``ref_topk.equal_top_two_compact``: the floor pass's range opens on one value holding 400
+    copies, fewer than k, which it must count before taking that value as the 512th key (with
+    2217b78's count reverted, 112 slots of the answer are stale LDS entries and this fails); the
+    answer is the 400 copies and the 112 greatest lower keys."""
+    x, ids = ref.equal_top_two_compact(15)
     idx = out(1)
     assert topk.compact_top_k_512(x, ids, lens([10**6]), 1, idx)
     ref.check_compact(x, ids, 1, lens([10**6]), idx, f"wave{emu} compact equal top two")

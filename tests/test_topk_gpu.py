@@ -68,7 +68,7 @@ DECODE_CASES = [
     (2, 1 << 20, [1 << 20, 999_983], "cluster"),
     (256, 3000, None, "randn"),
     (33, 40000, None, "specials"),
-    # Equal group maxima, fewer than 512 of them (a short row, a row's short last chunk).
+    # Ties at the maximum, fewer than 512 copies (a short row, a row's short last chunk).
     (4, 17888, [1500, 2048, 17884, 1100], "max_every_4"),
     # One-chunk rows of exactly 512 finite logits: a radix pass that counts exactly k keys.
     (3, 4096, [4096, 4096, 3000], "exactly_k"),
@@ -182,9 +182,11 @@ def test_candidate_few_live_columns():
 
 
 def test_equal_group_maxima_in_candidates_and_compact_rows():
-    """130 live candidate blocks whose every half block holds the row's maximum (260 copies),
-    and compact rows whose live lanes (300 of each 512) hold two values: the floor from each
-    group's top two keys finds fewer than 512 keys at the equal maxima."""
+    """130 live candidate blocks whose every half block holds the row's maximum at its first
+    column (260 copies, fewer than 512, atop the even-slot group of each live thread), and
+    ``ref_topk.equal_top_two_compact`` rows: the floor from each group's top two keys opens on
+    one value with fewer than 512 copies, which radix_cut must count (2217b78's fix; the candidate
+    rows reached it before the interleaved groups, the compact rows do now)."""
     width, bs = 131072, 8
     logits = make_logits(2, width, "max_every_4", seed=12)
     cands = torch.full((2, 2048), -1, dtype=torch.int32, device=DEV)
@@ -194,15 +196,12 @@ def test_equal_group_maxima_in_candidates_and_compact_rows():
     idx = out_buf(2)
     assert topk.candidate_top_k(logits, 1, seq, cands, bs, idx, 512)
     ref.check_candidates(logits, 1, seq, cands, bs, idx, "cand equal group maxima")
-    x = torch.zeros(2, 1024, device=DEV)
-    ids = torch.full((2, 1024), -1, dtype=torch.int32, device=DEV)
-    live = torch.arange(1024, device=DEV) % 512 < 300
-    ids[:, live] = torch.arange(600, dtype=torch.int32, device=DEV) * 7 + 3
-    x[:, :300], x[:, 512:812] = 1.0, 0.5
+    rows = [ref.equal_top_two_compact(seed, DEV) for seed in (15, 16)]
+    x, ids = torch.cat([r[0] for r in rows]), torch.cat([r[1] for r in rows])
     seq = lens_2d([10**6, 10**6])
     idx = out_buf(2)
     assert topk.compact_top_k_512(x, ids, seq, 1, idx)
-    ref.check_compact(x, ids, 1, seq, idx, "compact equal group maxima")
+    ref.check_compact(x, ids, 1, seq, idx, "compact equal top two")
 
 
 PAST_THE_LIST = [  # width, max_blocks, min_chunk (the register path where max_blocks is 8)
@@ -549,7 +548,7 @@ def sanitized_calls():
         (3, 40000, "sparse_finite", True),  # masked chunks' top-two floor
         (5, 300001, "masked", False),  # the general path
         (3, 1000, "ties", False),
-        (3, 2048, "max_every_4", True),  # every group's maximum equal: the floor's one-value range
+        (3, 2048, "max_every_4", True),  # ties at the maximum atop every even-slot group
     ]
     for rows, width, kind, register in dec:
         logits = make_logits(rows, width, kind, seed=rows)

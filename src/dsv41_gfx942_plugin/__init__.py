@@ -93,7 +93,8 @@ def _register() -> str:
     results = patches.apply_all()
     done = [t.rsplit(".", 2)[-2] + "." + t.rsplit(".", 1)[-1] for t, r in results.items()
             if r == "applied"]  # fmt: skip
-    if not done:  # every patch switched off or its check failed (each said why)
+    if not done:  # every patch switched off (the status command says which) or its check failed
+        # (which logged a warning)
         logger.info("dsv41_gfx942 plugin inactive on gfx942: no patch applied")
         return "inactive: no patch applied"
     logger.info("dsv41_gfx942 plugin active on gfx942: patched %s", ", ".join(done))

@@ -26,7 +26,8 @@ PROBE_LEN = 4096
 #: row over ((CUs // rows + 4) // 5 * 5) * 2 programs (ROCm/aiter pa_mqa_logits.py), each taking
 #: 256-column chunks, and runs its pipelined main loop only for a program of 2 chunks or more:
 #: with 8 probe rows on 304 CUs that needs 80 x 512 columns, with 1 row 610 x 512. 262144
-#: columns give 3.3 chunks a program at 2-8 rows, 1.7 at one (35 MB of cache at 132 bytes a key).
+#: columns give 3.3 chunks a program at 2 rows (12.8 at 8), 1.7 at one (35 MB of cache at 132
+#: bytes a key).
 PROBE_LONG = 262144
 PAGES_AT_ONCE = 256
 #: The share of key bytes set to 0x80 (about 1.5% of keys hold one): vLLM 0.33's DSv4.1 indexer

@@ -373,9 +373,9 @@ def _cand_probe(layer, decode, q, kv_cache, variant: tuple) -> bool:
     candidate kernel mirrors one AITER release's arithmetic and no gfx942 GPU has compared the
     two yet; another AITER build, or a gfx942 that computes otherwise, would change index sets
     near the cut with no error. Any difference keeps the hook off in this process (one warning;
-    vLLM's dense path runs); fewer than MIN_COMPARED columns to judge (a reader layer narrower
-    than about 2,400 columns) keep this variant on vLLM's path. Host syncs: never inside
-    capture."""
+    vLLM's dense path runs); fewer than MIN_COMPARED columns to judge (a reader layer so narrow
+    that its probe rows hold fewer: about 2,400 columns for a probe of one row) keep this variant
+    on vLLM's path. Host syncs: never inside capture."""
     step = cand_probe.probe_step(
         q, kv_cache, decode.seq_lens, decode.block_table, layer.compress_ratio, layer.max_model_len,
         layer.candidate_blocks.shape[1],

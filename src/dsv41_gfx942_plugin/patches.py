@@ -97,7 +97,8 @@ INDEXER = Patch(
             ),
         ),
         # What the plugin's indexer module imports from vLLM besides the above (a missing one
-        # would fail building the patch after these checks, and undo the other patch too).
+        # would fail building the patch after these checks, and the plugin would register
+        # neither patch).
         Expect("vllm.compilation.breakable_cudagraph:eager_break_during_capture", params=("fn",)),
         Expect("vllm.forward_context:get_forward_context", params=()),
         Expect("vllm.config:CUDAGraphMode.FULL"),

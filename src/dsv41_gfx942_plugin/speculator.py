@@ -44,13 +44,12 @@ def _fused(spec, num_reqs: int, head_hidden) -> bool:
     launches, or vLLM's loop from the base logits it computed). If it raises, it is logged once
     and stays off in this process, and vLLM's loop runs (rewriting every token and cached logit
     the fused path may have touched), so a plugin bug never takes the server down. Running out of
-    GPU memory is no bug (vLLM's own draft logits, which the fused path asks for, raise it as
-    well): that step takes vLLM's loop, and the next tries the fused path again. Once the fused
-    path has asked for the step's base logits, it finishes the step itself, its own errors there
-    included (computing them again would repeat the lm_head's tensor-parallel all-gather on this
-    rank alone), and an error that
-    vLLM's own op or loop raises there (marked ``dsv41_after_base``) goes to vLLM as it would
-    without the plugin."""
+    GPU memory before the step's base logits is no bug: that step takes vLLM's loop, and the next
+    tries the fused path again. Once the fused path has asked for the step's base logits, it
+    finishes the step itself, its own errors there included (computing them again would repeat
+    the lm_head's tensor-parallel all-gather on this rank alone), and an error that vLLM's own op
+    or loop raises there (out of memory in vLLM's draft logits too; marked ``dsv41_after_base``)
+    goes to vLLM as it would without the plugin."""
     global _fused_failed
     try:
         from .ops import fused_markov  # inside: an import that fails is a failure like any other

@@ -12,7 +12,8 @@ have their own L2, the programs are first reordered so that those run on one die
 its predecessor read last, still in L2 (66 MB ``markov_w2``, 50 MB L2 on an H200). A program
 
 1. takes its rows' previous tokens: step 0 the anchor ``input_ids[anchor_idx[r]]``, a later step
-   the previous step's winner (block 0's programs also store it in ``draft_tokens[r, step - 1]``);
+   the previous step's winner (one program of each row tile also stores it in
+   ``draft_tokens[r, step - 1]``);
 2. computes the Markov bias ``bf16(sum_k w1[prev, k] * w2[v, k])``, an fp32 sum of the exact
    products, as vLLM's bf16 GEMV does (its summation order differs: the last bf16 bit may too).
    The rows of a step are a small GEMM (``tl.dot``, the rank loop software-pipelined; tokens as
@@ -367,8 +368,8 @@ def _markov_step_kernel(
         PACKED,
         NB_CHUNK,
     )
-    # One program of the row tile stores the previous tokens: block 0's (the first program's when
-    # a program walks several blocks, of which block 0 is the last in an odd step).
+    # One program of the row tile stores the previous tokens: block 0's, or where a program walks
+    # several blocks, program 0's (in an odd step its blocks do not include block 0).
     first = pid if BLOCKS == 1 else p
     tl.store(
         tokens_ptr + r * tokens_stride + (step - 1), prev, mask=rmask & (first == 0) & (step > 0)
@@ -447,8 +448,8 @@ def _markov_step_kernel(
         # tail when a step is one wave of programs. H200, sampled, same run, three rounds, 1 / 2 /
         # 4 / 8 rows: 85.7-92.8 / 92.2-96.3 / 92.2-97.9 / 103.9-109.2 -> 86.1-91.1 / 86.0-92.4 /
         # 89.7-94.4 / 97.1-103.2 us, the same tokens and cached logits. Held through the GEMM of
-        # a block a program, it cost 2-6% at 32-256 rows (165.9 / 669.9 -> 167.8 / 708.9 at 32 /
-        # 256): those read it in the epilogue.
+        # a block a program, it cost 6% at 64 and 256 rows (228.9-230.2 / 667.3-669.9 ->
+        # 242.3-243.6 / 708.3-713.3; 32 rows within 0.2%): those read it in the epilogue.
         re = tl.arange(0, R_EPI) if R_EPI < R_TILE else r  # R_EPI < R_TILE: the only tile
         remask = re < rows
         req = _row_req(re, remask, step, idx_ptr, map_stride)  # unused by a greedy draft

@@ -24,8 +24,8 @@ tokens are proposed: the rejection sampler verifies every one against the target
 The first steps of each launch configuration outside graph capture run vLLM's loop as well, and
 the fused output serves only when it is vLLM's within that rule (``_markov_check``); a difference
 keeps the fused path off in the process. ``sample_sequential`` returns False having done nothing
-when ``_why_not`` names a reason; the plugin's patch then runs vLLM's loop. The hooks read no
-environment variables (the patch layer gates them).
+when ``_why_not`` names a reason; the plugin's patch then runs vLLM's loop. The hooks read none
+of the plugin's switches (the patch layer gates them).
 """
 
 from __future__ import annotations
@@ -44,12 +44,12 @@ from . import _markov_kernels as K
 __all__ = ["sample_sequential"]
 
 # GPU launch configurations, by the largest batch (rows rounded up to a power of 2) each serves:
-# vocabulary tokens a program (BV), rank chunk of the pipelined GEMM loop (BK), rows a tile
-# (R_TILE; tl.dot needs M >= 16: fewer rows are padded and folded away before the epilogue),
-# Triton's num_warps and num_stages, FAST (the fast noise and its verify launch) and BLOCKS (the
-# vocabulary blocks a program walks, in one pipelined loop; 1: a block a program). Chosen on an
-# H200 against their neighbours in the same run (fused graphed, 5 steps, V = 129280, rank 256;
-# every sweep and every design measured and not adopted: benchmarks/markov_sweeps.md):
+# vocabulary tokens a program (BV), rank chunk of the pipelined GEMM loop (BK), rows a tile (R_TILE;
+# the GEMM's N, as tl.dot needs it >= 16: fewer rows are padded and folded away before the
+# epilogue), Triton's num_warps and num_stages, FAST (the fast noise and its verify launch) and
+# BLOCKS (the vocabulary blocks a program walks, in one pipelined loop; 1: a block a program).
+# Chosen on an H200 against their neighbours in the same run (fused graphed, 5 steps, V = 129280,
+# rank 256; every sweep and every design measured and not adopted: benchmarks/markov_sweeps.md):
 # - <= 16 rows: two blocks a program (one block's loads in flight during the epilogue of the one
 #   before), the exact noise. Same run, three rounds: 16 rows 114.6-118.3 us against 130.0-130.7
 #   with one block; 1 / 8 rows (before the reads ahead) 89.8-92.0 / 102.1-103.2 against
@@ -114,7 +114,8 @@ NB_CHUNK = 128
 # Markov ranks the kernel takes: a multiple of its rank chunk, at most this many.
 RANK_STEP = 64
 MAX_RANK = 1024
-# The smallest vocabulary block any configuration uses (sizes the fp64 block-best scratch).
+# The smallest vocabulary block a configuration may use (the table's are 128, the sweeps' 64):
+# sizes the block-best scratch (the fast noise's verify and the fp64 noise).
 MIN_BV = 64
 # Rows a program of the last launch takes at most (fewer: the batch's next power of two).
 LAST_MAX_TILE = 64
@@ -339,8 +340,9 @@ def _config(
 
 
 def sample_sequential(spec, num_reqs: int, head_hidden: torch.Tensor) -> bool:
-    """``DSparkSpeculator._sample_sequential`` with one launch a draft step (plus one). Returns
-    False, having done nothing, when this step must take vLLM's loop."""
+    """``DSparkSpeculator._sample_sequential`` with one launch a draft step (plus one; with the
+    fast noise a verify launch a step too). Returns False, having done nothing, when this step
+    must take vLLM's loop."""
     global _off_reason
     why = _why_not(spec, num_reqs)
     if why is not None:
@@ -558,8 +560,10 @@ def _rest(spec, num_reqs: int, base: torch.Tensor, sample_hidden: torch.Tensor, 
 
 
 def _loop_rest(spec, num_reqs: int, base_logits: torch.Tensor, sample_hidden: torch.Tensor) -> bool:
-    """vLLM's loop of ``_sample_sequential`` from its base logits on, for a step whose base logits
-    the kernel does not take (they are computed once). Returns True: the step is done."""
+    """vLLM's loop of ``_sample_sequential`` from its base logits on (they are computed once): for
+    a step whose base logits the kernel does not take, one that ``_rest`` finishes (out of memory,
+    a broken configuration, an error), and the first-use comparison's loop. Returns True: the
+    step is done."""
     n_spec = spec.num_speculative_steps
     num_sample = num_reqs * n_spec
     base_logits = base_logits.view(num_reqs, n_spec, base_logits.shape[-1])
