@@ -159,26 +159,12 @@ def tied_top_row(width: int, pop: int, device="cpu") -> torch.Tensor:
 
 
 def equal_top_two_compact(seed: int, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """A [1, 16384] compact row (logits, ids) whose live entries put one value V = 1.0 atop every
-    live group of keys of dsv_topk512_compact (entry i: slot i // 512 of thread i % 512; group
-    (thread, slot % 2)), each group's second key V too or absent: 200 groups of one live entry
-    (V), 100 of two V and 14 lower. The floor pass over the groups' top two keys opens on one
-    value (its range [V, V]) holding 400 copies, fewer than k: radix_cut must count them before
-    taking V as the 512th key (else 112 slots of the answer are stale LDS entries). Only compact
-    rows reach that range: the decode and candidate kernels' keys are live or absent a float4 at
-    a time (but the one holding a row's end), so each of their live groups holds two keys, and
-    top two keys all equal mean at least k copies."""
-    n = 16384
-    g = torch.Generator().manual_seed(seed)
-    x = torch.rand(1, n, generator=g) * 0.5
-    ids = torch.full((1, n), -1, dtype=torch.int32)
-    slot, thread = torch.arange(n) // 512, torch.arange(n) % 512
-    single = (thread < 200) & (slot == 0)  # group (thread, slot % 2): the even slots
-    double = (thread >= 200) & (thread < 300) & (slot % 2 == 0)
-    x[0, single | (double & (slot < 4))] = 1.0
-    live = single | double
-    ids[0, live] = torch.randperm(1 << 20, generator=g)[: int(live.sum())].int()
-    return x.to(device), ids.to(device)
+    """The load-time check's compact row of the floor pass's one-value range
+    (``_topk_check.equal_top_two_compact``: 400 copies of the greatest value atop every live
+    group of keys, fewer than k), drawn from ``seed``."""
+    from dsv41_gfx942_plugin.ops import _topk_check
+
+    return _topk_check.equal_top_two_compact(torch.Generator(device).manual_seed(seed))
 
 
 def order_key(x: torch.Tensor) -> torch.Tensor:

@@ -16,9 +16,12 @@ is -inf, a few +inf and NaN. Rows in one binade with a NaN take the cut over the
 candidate and compact kernels, a path random rows seldom reach. Rows cut among zeros of both
 signs, below denormals (decode in a merge on both paths, candidate, compact), refuse a kernel
 that ranks -0 as +0 or flushes denormals (the GPU tests check that order too; this check is
-what a gfx942 machine runs before serving). H100 before the signed-zero rows: 11.3 ms of GPU
-time (torch's profiler), 31-35 ms a check in all (the first, with the code object's load and
-torch's first launches, 0.51 s); H200 before the binade rows: 8.7 ms, 27.4-29.0 ms, 0.35 s.
+what a gfx942 machine runs before serving). A compact row whose groups of keys all top at one
+value with fewer than 512 copies takes the floor pass's one-value range, which a kernel must
+count before taking it as the cut (``equal_top_two_compact``). H100 before the signed-zero
+rows: 11.3 ms of GPU time (torch's profiler), 31-35 ms a check in all (the first, with the code
+object's load and torch's first launches, 0.51 s); H200 before the binade rows: 8.7 ms,
+27.4-29.0 ms, 0.35 s.
 """
 
 from __future__ import annotations
@@ -49,6 +52,28 @@ def _binade_rows(gen: torch.Generator, rows: int, width: int) -> torch.Tensor:
     x = torch.rand(rows, width, generator=gen, dtype=torch.float32, device=gen.device).add_(1)
     x[:, 7::16384] = float("nan")
     return x
+
+
+def equal_top_two_compact(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """A [1, 16384] compact row (logits, ids) whose live entries put one value V = 1.0 atop every
+    live group of keys of dsv_topk512_compact (entry i: slot i // 512 of thread i % 512; group
+    (thread, slot % 2)), each group's second key V too or absent: 200 groups of one live entry
+    (V), 100 of two V and 14 lower. The floor pass over the groups' top two keys opens on one
+    value (its range [V, V]) holding 400 copies, fewer than k: radix_cut must count them before
+    taking V as the 512th key (else 112 slots of the answer are stale LDS entries). Only compact
+    rows reach that range: the decode and candidate kernels' keys are live or absent a float4 at
+    a time (but the one holding a row's end), so each of their live groups holds two keys, and
+    top two keys all equal mean at least k copies."""
+    n, dev = 16384, gen.device
+    x = torch.rand(1, n, generator=gen, dtype=torch.float32, device=dev).mul_(0.5)
+    ids = torch.full((1, n), -1, dtype=torch.int32, device=dev)
+    slot, thread = torch.arange(n, device=dev) // 512, torch.arange(n, device=dev) % 512
+    single = (thread < 200) & (slot == 0)  # group (thread, slot % 2): the even slots
+    double = (thread >= 200) & (thread < 300) & (slot % 2 == 0)
+    x[0, single | (double & (slot < 4))] = 1.0
+    live = single | double
+    ids[0, live] = torch.randperm(1 << 20, generator=gen, device=dev)[: int(live.sum())].int()
+    return x, ids
 
 
 def _signed_zero_rows(gen: torch.Generator, rows: int, width: int) -> torch.Tensor:
@@ -207,6 +232,7 @@ def _check_candidates(gen, i32, z) -> str | None:
         (_signed_zero_rows(gen, 1, 16384),
          torch.randperm(1 << 20, generator=gen, device=dev)[:16384].int()[None], 1,
          torch.tensor([[width - 1]], **i32)),
+        (*equal_top_two_compact(gen), 1, torch.tensor([[width]], **i32)),  # one-value floor range
     ]  # fmt: skip
     for y, vid, next_n, lens in calls:
         idx = torch.full((y.shape[0], K), -7, **i32)
