@@ -167,6 +167,28 @@ def equal_top_two_compact(seed: int, device="cpu") -> tuple[torch.Tensor, torch.
     return _topk_check.equal_top_two_compact(torch.Generator(device).manual_seed(seed))
 
 
+def equal_top_two_candidates(device="cpu"):
+    """(logits, candidates, block size) of one candidate row that takes the candidate kernel's
+    scalar path (its logits 4 bytes past a 16-byte boundary) into the floor pass's one-value
+    range. There slot s of thread t is column t % 8 of candidate entry 64 s + t // 8, so a
+    group's two keys (slots of one parity) come from different entries and a live group may
+    hold one key: entries 0-24 hold V = 1.0 in every column (200 threads with one live key,
+    V), entries 25-37 and 153-165 too, and the even slots after them lower keys (104 threads
+    with two V atop their even group, their odd slots absent). 408 copies, fewer than k:
+    radix_cut must count them first (2217b78; with its count reverted the answer repeats ids)."""
+    width, bs = 131072, 8
+    g = torch.Generator().manual_seed(3)
+    x = (torch.rand(1, width + 1, generator=g) * 0.5)[:, 1:]
+    blocks = torch.randperm(width // bs, generator=g)[:2048].int()
+    entries = list(range(25)) + [64 * s + p for p in range(25, 38) for s in range(0, 32, 2)]
+    cands = torch.full((1, 2048), -1, dtype=torch.int32)
+    cands[0, entries] = blocks[entries]
+    for e in [*range(38), *range(153, 166)]:
+        x[0, int(blocks[e]) * bs : int(blocks[e]) * bs + bs] = 1.0
+    x = torch.empty(1, width + 1, device=device)[:, 1:].copy_(x)  # unaligned on the device too
+    return x, cands.to(device), bs
+
+
 def order_key(x: torch.Tensor) -> torch.Tensor:
     """int64 keys in vLLM's top-k order: NaN > +inf > ... > +0 > -0 > ... > -inf."""
     bits = x.float().contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF

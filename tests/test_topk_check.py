@@ -125,13 +125,14 @@ def test_check_accepts_torch_answers(monkeypatch, default):
     [("decode", "decode top-512"), ("general 1-D", "decode top-512 (general path, 1-D"),
      ("candidate", "candidate top-k"), ("candidate tail", "candidate top-k (2-D lengths): row 1"),
      ("candidate 1-D", "candidate top-k (1-D lengths): row 0"), ("compact", "compact top-k"),
-     ("compact repeat", "compact top-k (2-D lengths): row 0"),
-     ("compact 1-D", "compact top-k (1-D lengths): row 0"), ("select", "candidate selection"),
+     ("compact repeat", "compact top-k (2-D lengths): call 0, row 0"),
+     ("compact 1-D", "compact top-k (1-D lengths): call 1, row 0"),
+     ("select", "candidate selection"),
      ("decode zeros", "decode top-512 (register path, a cut among zeros of both signs): row 0"),
      ("general denormals", "decode top-512 (general path, a cut among zeros of both signs)"),
      ("candidate zeros", "candidate top-k (2-D lengths): row 0 (end 16383)"),
      ("candidate denormals", "candidate top-k (2-D lengths): row 0 (end 16383)"),
-     ("compact zeros", "compact top-k (2-D lengths): row 0 (end 131071)")],
+     ("compact zeros", "compact top-k (2-D lengths): call 3, row 0 (end 131071)")],
 )  # fmt: skip
 def test_check_names_the_op_that_differs(monkeypatch, op, named):
     """Each mutation is caught by the call meant for it (the 1-D ones only by the 1-D calls:

@@ -610,6 +610,17 @@ def test_select_finite_scores_sharing_the_top_bin_with_infinities(emu):
     assert (cands[:, k:] == 777).all()  # nothing past K
 
 
+def test_candidates_scalar_path_equal_top_two_keys_fewer_than_k(emu):
+    """``ref_topk.equal_top_two_candidates``: an unaligned candidate row whose floor pass opens
+    on one value with 408 copies, fewer than k (the scalar path's groups hold keys of two
+    entries); with 2217b78's count reverted the answer repeats ids and this fails."""
+    x, cands, bs = ref.equal_top_two_candidates()
+    assert x.data_ptr() % 16 != 0
+    idx = out(1)
+    assert topk.candidate_top_k(x, 1, lens([x.shape[1]]), cands, bs, idx, 512)
+    ref.check_candidates(x, 1, lens([x.shape[1]]), cands, bs, idx, f"wave{emu} unaligned")
+
+
 def test_compact_equal_top_two_keys_fewer_than_k(emu):
     """``ref_topk.equal_top_two_compact``: the floor pass's range opens on one value holding 400
     copies, fewer than k, which it must count before taking that value as the 512th key (with

@@ -184,9 +184,10 @@ def test_candidate_few_live_columns():
 def test_equal_group_maxima_in_candidates_and_compact_rows():
     """130 live candidate blocks whose every half block holds the row's maximum at its first
     column (260 copies, fewer than 512, atop the even-slot group of each live thread), and
-    ``ref_topk.equal_top_two_compact`` rows: the floor from each group's top two keys opens on
-    one value with fewer than 512 copies, which radix_cut must count (2217b78's fix; the candidate
-    rows reached it before the interleaved groups, the compact rows do now)."""
+    ``ref_topk.equal_top_two_compact`` rows and ``equal_top_two_candidates``' unaligned row: the
+    floor from each group's top two keys opens on one value with fewer than 512 copies, which
+    radix_cut must count (2217b78's fix; the aligned candidate rows reached it before the
+    interleaved groups, the compact rows and the candidate kernel's scalar path do now)."""
     width, bs = 131072, 8
     logits = make_logits(2, width, "max_every_4", seed=12)
     cands = torch.full((2, 2048), -1, dtype=torch.int32, device=DEV)
@@ -196,6 +197,11 @@ def test_equal_group_maxima_in_candidates_and_compact_rows():
     idx = out_buf(2)
     assert topk.candidate_top_k(logits, 1, seq, cands, bs, idx, 512)
     ref.check_candidates(logits, 1, seq, cands, bs, idx, "cand equal group maxima")
+    x, cands, bs = ref.equal_top_two_candidates(DEV)
+    seq = lens_2d([x.shape[1]])
+    idx = out_buf(1)
+    assert topk.candidate_top_k(x, 1, seq, cands, bs, idx, 512)
+    ref.check_candidates(x, 1, seq, cands, bs, idx, "cand equal top two, unaligned")
     rows = [ref.equal_top_two_compact(seed, DEV) for seed in (15, 16)]
     x, ids = torch.cat([r[0] for r in rows]), torch.cat([r[1] for r in rows])
     seq = lens_2d([10**6, 10**6])

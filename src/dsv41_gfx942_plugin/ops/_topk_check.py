@@ -60,10 +60,12 @@ def equal_top_two_compact(gen: torch.Generator) -> tuple[torch.Tensor, torch.Ten
     (thread, slot % 2)), each group's second key V too or absent: 200 groups of one live entry
     (V), 100 of two V and 14 lower. The floor pass over the groups' top two keys opens on one
     value (its range [V, V]) holding 400 copies, fewer than k: radix_cut must count them before
-    taking V as the 512th key (else 112 slots of the answer are stale LDS entries). Only compact
-    rows reach that range: the decode and candidate kernels' keys are live or absent a float4 at
-    a time (but the one holding a row's end), so each of their live groups holds two keys, and
-    top two keys all equal mean at least k copies."""
+    taking V as the 512th key (else 112 slots of the answer are stale LDS entries). The kernels'
+    float4 paths reach that range only here: the decode and candidate ones take keys live or
+    absent a float4 at a time (but the one holding a row's end), so each of their live groups
+    holds two keys, and top two keys all equal mean at least k copies. (The candidate kernel's
+    scalar path, for rows not 16-byte aligned, reaches it too: ``ref_topk``'s
+    ``equal_top_two_candidates``, a test row; vLLM's rows are aligned.)"""
     n, dev = 16384, gen.device
     x = torch.rand(1, n, generator=gen, dtype=torch.float32, device=dev).mul_(0.5)
     ids = torch.full((1, n), -1, dtype=torch.int32, device=dev)
@@ -234,7 +236,7 @@ def _check_candidates(gen, i32, z) -> str | None:
          torch.tensor([[width - 1]], **i32)),
         (*equal_top_two_compact(gen), 1, torch.tensor([[width]], **i32)),  # one-value floor range
     ]  # fmt: skip
-    for y, vid, next_n, lens in calls:
+    for n, (y, vid, next_n, lens) in enumerate(calls):
         idx = torch.full((y.shape[0], K), -7, **i32)
         if not topk.compact_top_k_512(y, vid, lens, next_n, idx):
             return f"compact top-k declined ({lens.dim()}-D lengths)"
@@ -242,7 +244,7 @@ def _check_candidates(gen, i32, z) -> str | None:
             live = vid[r] >= 0
             cols, order = vid[r][live].long().sort()
             if not _row_ok(idx[r], end, y[r][live][order], cols):
-                return f"compact top-k ({lens.dim()}-D lengths): row {r} (end {end})"
+                return f"compact top-k ({lens.dim()}-D lengths): call {n}, row {r} (end {end})"
     return None
 
 
