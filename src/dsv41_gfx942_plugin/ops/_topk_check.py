@@ -1,27 +1,26 @@
 """The top-k kernels' check at load time: each op once on a few fixed rows of the GPU at hand,
 against torch, before any hook takes a call.
 
-No gfx942 GPU has run the shipped code object yet. A kernel that loads but answers wrongly
-there (a compiler's or the hardware's semantics that neither the CPU emulation nor the sm_90
-build can show) would give vLLM wrong index sets without an error. ``topk.build`` runs
-:func:`check` after loading and keeps every top-k hook off in the process when it fails, so
-vLLM's ops run. The rows take every kernel and the product's paths: decode rows of one chunk,
-of one and of two merge launches, both paths with 2-D and with 1-D causal lengths, rows ending
-at or before 512; candidate and compact rows with -1 and repeated ids, fewer than 512 live
-entries or an end at or before 512, with 2-D and 1-D lengths; layer 20's selection with fewer
-than 2048 live blocks, one length a request, and rows of more than 16384 blocks
-(``dsv_select_blocks_wide``). Their values lie on a grid of 0.25 (ties at every cut), every 7th
-is -inf, a few +inf and NaN. Rows in one binade with a NaN take the cut over the registers
-(more keys above a workgroup's floor than its LDS list holds) in the chunks, both merges and the
-candidate and compact kernels, a path random rows seldom reach. Rows cut among zeros of both
-signs, below denormals (decode in a merge on both paths, candidate, compact), refuse a kernel
-that ranks -0 as +0 or flushes denormals (the GPU tests check that order too; this check is
-what a gfx942 machine runs before serving). A compact row whose groups of keys all top at one
-value with fewer than 512 copies takes the floor pass's one-value range, which a kernel must
-count before taking it as the cut (``equal_top_two_compact``). H100 before the signed-zero
-rows: 11.3 ms of GPU time (torch's profiler), 31-35 ms a check in all (the first, with the code
-object's load and torch's first launches, 0.51 s); H200 before the binade rows: 8.7 ms,
-27.4-29.0 ms, 0.35 s.
+No gfx942 GPU has run the shipped code object yet. A kernel that loads but answers wrongly there (a
+compiler's or the hardware's semantics that neither the CPU emulation nor the sm_90 build can show)
+would give vLLM wrong index sets without an error. ``topk.build`` runs :func:`check` after loading
+and keeps every top-k hook off in the process when it fails, so vLLM's ops run. The rows take every
+kernel and the product's paths: decode rows of one chunk, of one and of two merge launches, both
+paths with 2-D and with 1-D causal lengths, rows ending at or before 512; candidate and compact rows
+with -1 and repeated ids, fewer than 512 live entries or an end at or before 512, with 2-D and 1-D
+lengths; layer 20's selection with fewer than 2048 live blocks, one length a request, and rows of
+more than 16384 blocks (``dsv_select_blocks_wide``). Their values lie on a grid of 0.25 (ties at
+every cut), every 7th is -inf, a few +inf and NaN. Rows in one binade with a NaN take the cut over
+the registers (more keys above a workgroup's floor than its LDS list holds) in the chunks, both
+merges and the candidate and compact kernels, a path random rows seldom reach. Rows cut among zeros
+of both signs, below denormals (decode in a merge on both paths, candidate, compact), refuse a
+kernel that ranks -0 as +0 or flushes denormals (the GPU tests check that order too; this check is
+what a gfx942 machine runs before serving). Rows of a width 3 past a multiple of 4, 16-byte aligned,
+end in a partial float4 whose logits rank first. A compact row whose groups of keys all top at one
+value with fewer than 512 copies takes the floor pass's one-value range, which a kernel must count
+before taking it as the cut (``equal_top_two_compact``). H100 before the signed-zero rows: 11.3 ms
+of GPU time (torch's profiler), 31-35 ms a check in all (the first, with the code object's load and
+torch's first launches, 0.51 s); H200 before the binade rows: 8.7 ms, 27.4-29.0 ms, 0.35 s.
 """
 
 from __future__ import annotations
@@ -187,7 +186,14 @@ def _check_decode(gen, i32) -> str | None:
             return f"decode top-512 (more than the list above a floor, {width} columns): {bad}"
     y = _signed_zero_rows(gen, 2, 2 * c)  # two chunks a row: the cut in a merge too
     lens = torch.tensor([[2 * c], [2 * c - 9]], **i32)
-    return _both_paths_bad(y, 1, lens, i32, "a cut among zeros of both signs")
+    if bad := _both_paths_bad(y, 1, lens, i32, "a cut among zeros of both signs"):
+        return bad
+    # A width 3 past a multiple of 4 with 16-byte aligned rows (a view): the register path's last
+    # float4 is partial, read by elements; its three logits rank first.
+    y = _grid_rows(gen, 2, 2 * c + 4)[:, : 2 * c + 3]
+    y[:, -3:] = 1000.0
+    lens = torch.tensor([[2 * c + 3], [2 * c + 3]], **i32)
+    return _both_paths_bad(y, 1, lens, i32, "a width 3 past a multiple of 4")
 
 
 def _check_candidates(gen, i32, z) -> str | None:
