@@ -610,6 +610,19 @@ def test_select_finite_scores_sharing_the_top_bin_with_infinities(emu):
     assert (cands[:, k:] == 777).all()  # nothing past K
 
 
+def test_exactly_one_past_the_superset_and_the_list(emu):
+    """``_topk_check.exact_above_floor_rows``: a chunk with exactly 1,025 keys above its floor (a
+    superset's 1,024 slots and one) and one with 4,097 (the LDS list's 4,096 and one). With the
+    superset's bound one entry late the 1,025th entry lands in the next chunk's first slot and the
+    row loses its greatest key; with the list's, the list is written one entry past its end (the
+    sanitizer's report). Both mutations, which no other test caught (a helper's mutation run),
+    fail this; the kernels pass it."""
+    x = _topk_check.exact_above_floor_rows(torch.Generator().manual_seed(1))
+    idx = out(2)
+    topk.top_k_per_row_decode_512(x, 1, lens([x.shape[1]] * 2), idx)
+    ref.check_decode(x, 1, lens([x.shape[1]] * 2), idx, f"wave{emu} exact counts above a floor")
+
+
 def test_candidates_scalar_path_equal_top_two_keys_fewer_than_k(emu):
     """``ref_topk.equal_top_two_candidates``: an unaligned candidate row whose floor pass opens
     on one value with 408 copies, fewer than k (the scalar path's groups hold keys of two

@@ -16,11 +16,13 @@ merges and the candidate and compact kernels, a path random rows seldom reach. R
 of both signs, below denormals (decode in a merge on both paths, candidate, compact), refuse a
 kernel that ranks -0 as +0 or flushes denormals (the GPU tests check that order too; this check is
 what a gfx942 machine runs before serving). Rows of a width 3 past a multiple of 4, 16-byte aligned,
-end in a partial float4 whose logits rank first. A compact row whose groups of keys all top at one
-value with fewer than 512 copies takes the floor pass's one-value range, which a kernel must count
-before taking it as the cut (``equal_top_two_compact``). H100 before the signed-zero rows: 11.3 ms
-of GPU time (torch's profiler), 31-35 ms a check in all (the first, with the code object's load and
-torch's first launches, 0.51 s); H200 before the binade rows: 8.7 ms, 27.4-29.0 ms, 0.35 s.
+end in a partial float4 whose logits rank first; rows with exactly a superset's slots and one, or
+the LDS list and one, above a chunk's floor (``exact_above_floor_rows``). A compact row whose groups
+of keys all top at one value with fewer than 512 copies takes the floor pass's one-value range,
+which a kernel must count before taking it as the cut (``equal_top_two_compact``). H100 before the
+signed-zero rows: 11.3 ms of GPU time (torch's profiler), 31-35 ms a check in all (the first, with
+the code object's load and torch's first launches, 0.51 s); H200 before the binade rows: 8.7 ms,
+27.4-29.0 ms, 0.35 s.
 """
 
 from __future__ import annotations
@@ -75,6 +77,36 @@ def equal_top_two_compact(gen: torch.Generator) -> tuple[torch.Tensor, torch.Ten
     live = single | double
     ids[0, live] = torch.randperm(1 << 20, generator=gen, device=dev)[: int(live.sum())].int()
     return x, ids
+
+
+def _from_bits(bits: torch.Tensor) -> torch.Tensor:
+    return bits.to(torch.int32).view(torch.float32)
+
+
+def exact_above_floor_rows(gen: torch.Generator, counts=(1025, 4097)) -> torch.Tensor:
+    """Decode rows of two chunks whose first chunk has exactly ``counts[r]`` keys above its floor:
+    1,025 is a superset's 1,024 slots and one, 4,097 the LDS list's 4,096 and one (a kernel one
+    entry off there writes past them). In dsv_topk512_chunks (slot s of thread t: column
+    4 (512 (s // 4) + t) + s % 4; group (t, s % 2)) 511 even groups hold the keys 1.0 + 1 ulp,
+    + 2 ulp, ... (the last listed the greatest), group (511, 0) holds 1.0 and every odd group
+    tops at 1.0 less one bin of the floor pass (8-bit digits over the maxima's span), so that
+    pass's floor is exactly 1.0; every other logit lies in [-2, -1)."""
+    dev = gen.device
+    f32 = dict(dtype=torch.float32, device=dev)  # vLLM builds models under a bf16 default
+    x = torch.rand(len(counts), 2 * topk.CHUNK, generator=gen, **f32).neg_().sub_(1)
+    one = 0x3F800000
+    for r, n in enumerate(counts):
+        d = 1
+        while d != 1 << max((n + d).bit_length() - 8, 0):
+            d = 1 << max((n + d).bit_length() - 8, 0)
+        i = torch.arange(n, device=dev)
+        t, s = i % 511, 2 * (i // 511)
+        order = (t * 32 + s).argsort()  # the list's order: thread, then slot
+        t, s = t[order], s[order]
+        x[r, 4 * (512 * (s // 4) + t) + s % 4] = _from_bits(one + 1 + i)
+        x[r, 4 * 511] = 1.0
+        x[r, 4 * torch.arange(512, device=dev) + 1] = _from_bits(torch.tensor(one - d))
+    return x
 
 
 def _signed_zero_rows(gen: torch.Generator, rows: int, width: int) -> torch.Tensor:
@@ -193,7 +225,11 @@ def _check_decode(gen, i32) -> str | None:
     y = _grid_rows(gen, 2, 2 * c + 4)[:, : 2 * c + 3]
     y[:, -3:] = 1000.0
     lens = torch.tensor([[2 * c + 3], [2 * c + 3]], **i32)
-    return _both_paths_bad(y, 1, lens, i32, "a width 3 past a multiple of 4")
+    if bad := _both_paths_bad(y, 1, lens, i32, "a width 3 past a multiple of 4"):
+        return bad
+    y = exact_above_floor_rows(gen)
+    lens = torch.tensor([[2 * c], [2 * c]], **i32)
+    return _both_paths_bad(y, 1, lens, i32, "1,025 and 4,097 keys above a chunk's floor")
 
 
 def _check_candidates(gen, i32, z) -> str | None:
