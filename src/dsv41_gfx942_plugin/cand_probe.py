@@ -35,6 +35,22 @@ PAGES_AT_ONCE = 256
 #: max 448), whose -0 (any tiny negative element) is 0x80, NaN in the e4m3fnuz that AITER's
 #: gfx942 kernel and the candidate kernel read; keys of e4m3fnuz alone never hold it.
 WRITER_NEG_ZERO = 1 / 8192
+#: The JIT compiles a variant a pointer aligned to 16 bytes or not and an integer a multiple of
+#: 16 or not; the kernels take the keys' page stride in bytes and the FP32 scales' in floats (a
+#: quarter of it), so a page stride matters modulo 64.
+SPECIALIZE = 16
+PAGE_STRIDE_MOD = 4 * SPECIALIZE
+
+
+def layout(kv_cache, block_table) -> tuple[int, int, int]:
+    """What the compiled kernels depend on of the cache's and block table's layout: the cache's
+    start modulo 16 bytes, its page stride modulo 64, the table's row stride modulo 16
+    (``probe_step`` reproduces each)."""
+    return (
+        kv_cache.data_ptr() % SPECIALIZE,
+        kv_cache.stride(0) % PAGE_STRIDE_MOD,
+        block_table.stride(0) % SPECIALIZE,
+    )
 
 
 def probe_step(q, kv_cache, seq_lens, block_table, compress_ratio: int, width: int,
@@ -43,12 +59,9 @@ def probe_step(q, kv_cache, seq_lens, block_table, compress_ratio: int, width: i
     ``weights``, ``seq_lens``, ``block_table``, ``candidates`` (``cand_slots`` block ids a row,
     an eighth of them -1) and ``indices`` (``[rows, 512]`` int32 for the top-512). Requests
     alternate odd and even uncompressed lengths, so that at compress ratio 2 a 2-D table holds
-    rows that end one column past the dense logits (``_cand_kernels._column_addresses``). The
-    cache's start is ``kv_cache``'s modulo 16 bytes, its page stride modulo 64, and the block
-    table's row stride ``block_table``'s modulo 16 (vLLM's: cdiv(max_model_len, block size)):
-    the JIT compiles a variant a pointer aligned to 16 bytes or not and an integer a multiple of
-    16 or not, and the kernels take the keys' page stride in bytes and the FP32 scales' in
-    floats (a quarter of it). Its pages are as many as the lengths take, so its storage stays
+    rows that end one column past the dense logits (``_cand_kernels._column_addresses``). Its
+    ``layout`` is that of ``kv_cache`` and ``block_table`` (vLLM's table is cdiv(max_model_len,
+    block size) wide). Its pages are as many as the lengths take, so its storage stays
     within the 2 GiB past which ROCm's Triton compiles yet another variant (a whole KV cache's):
     the gfx942 kernel's instructions are the same for it (``tests/test_cand_logits.py``,
     ``test_gfx942_code_is_the_same_for_a_whole_kv_cache``)."""
@@ -74,15 +87,15 @@ def probe_step(q, kv_cache, seq_lens, block_table, compress_ratio: int, width: i
     counts = [-(-n // page) for n in lens]
     pages = sum(counts)
     order = torch.randperm(pages, generator=g, device=dev).int()
-    columns = max(counts) + (block_table.stride(0) - max(counts)) % 16
+    columns = max(counts) + (block_table.stride(0) - max(counts)) % SPECIALIZE
     pages_of = torch.zeros(requests, columns, dtype=torch.int32, device=dev)
     start = 0
     for b, n in enumerate(counts):
         pages_of[b, :n] = order[start : start + n]
         start += n
     page_bytes = page * key_bytes
-    stride = page_bytes + (kv_cache.stride(0) - page_bytes) % 64
-    shift = kv_cache.data_ptr() % 16
+    stride = page_bytes + (kv_cache.stride(0) - page_bytes) % PAGE_STRIDE_MOD
+    shift = kv_cache.data_ptr() % SPECIALIZE
     base = torch.empty(shift + pages * stride, dtype=torch.uint8, device=dev)
     cache = base[shift:].as_strided((pages, page, 1, key_bytes), (stride, key_bytes, key_bytes, 1))
     flat = base[shift:].as_strided((pages, page_bytes), (stride, 1))

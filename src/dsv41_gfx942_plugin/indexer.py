@@ -348,22 +348,13 @@ def _cand_variant(q, kv_cache, seq_lens, block_table, compress_ratio: int) -> tu
     vLLM's reader layers differ in page size; q's FP8 dtype, as which the kernel and AITER's
     read the keys: the hook takes e4m3fnuz and e4m3fn), the rows a request (``next_n``: vLLM
     hands AITER's dense kernel other lengths for 2 than for 1) and the compress ratio (at 2 the
-    builder's row lengths can end past the dense kernel's), and the cache's start modulo 16
-    bytes, its page stride modulo 64 and the block table's row stride modulo 16, on which the
-    JIT specializes the kernels' pointers and strides (``cand_probe.probe_step`` reproduces
-    them; q and the candidates are contiguous, and vLLM's head weights, ``torch.empty_like``
-    of its projection's, dense, so their strides follow from their shapes): each is compared
-    with vLLM's once."""
-    layout = kv_cache.data_ptr() % 16, kv_cache.stride(0) % 64, block_table.stride(0) % 16
-    return (
-        q.shape[-2],
-        kv_cache.shape[1],
-        seq_lens.dim(),
-        q.shape[1],
-        compress_ratio,
-        q.dtype,
-        *layout,
-    )
+    builder's row lengths can end past the dense kernel's), and ``cand_probe.layout`` of the
+    cache and the block table, on which the JIT specializes the kernels' pointers and strides
+    (``cand_probe.probe_step`` reproduces it; q and the candidates are contiguous, and vLLM's
+    head weights, ``torch.empty_like`` of its projection's, dense, so their strides follow from
+    their shapes): each is compared with vLLM's once."""
+    shape = q.shape[-2], kv_cache.shape[1], seq_lens.dim(), q.shape[1], compress_ratio, q.dtype
+    return shape + cand_probe.layout(kv_cache, block_table)
 
 
 def _cand_probe(layer, decode, q, kv_cache, variant: tuple) -> bool:
