@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dsv41_gfx942_plugin.ops import _launcher, topk
+from dsv41_gfx942_plugin.ops import _launcher, _topk_check, topk
 
 ROOT = Path(__file__).resolve().parent.parent
 HIP = ROOT / "hip"
@@ -216,6 +216,14 @@ def test_merge_holds_its_units():
     assert held >= topk.MERGE_UNITS * topk.CHUNK_SLOTS
     assert topk.CHUNK_SLOTS >= topk.TOPK
     assert topk.MAX_CHUNKS <= topk.MERGE_UNITS**2
+
+
+def test_floor_digit_is_the_kernels():
+    """The load-time check's rows of exact counts above a chunk's floor place their keys by the
+    floor pass's bins (``_topk_check.exact_above_floor_rows``): with another radix digit they
+    would still be right, but no longer on the bound they were built for."""
+    (found,) = re.findall(r"\bDIGIT = (\d+)", (HIP / "topk_select.h").read_text())
+    assert int(found) == _topk_check.FLOOR_DIGIT
 
 
 def test_top_k_fits_the_list():

@@ -35,6 +35,9 @@ K = 512
 BLOCK = 8  # the candidate block size
 SELECT_K = 2048
 NEG = float("-inf")
+# Bits a radix pass of the floor takes (hip/topk_select.h's DIGIT; tests/test_topk_build.py ties
+# them): exact_above_floor_rows places its keys by the floor pass's bins.
+FLOOR_DIGIT = 8
 
 
 def _grid_rows(gen: torch.Generator, rows: int, width: int) -> torch.Tensor:
@@ -95,17 +98,20 @@ def exact_above_floor_rows(gen: torch.Generator, counts=(1025, 4097)) -> torch.T
     f32 = dict(dtype=torch.float32, device=dev)  # vLLM builds models under a bf16 default
     x = torch.rand(len(counts), 2 * topk.CHUNK, generator=gen, **f32).neg_().sub_(1)
     one = 0x3F800000
+    threads = topk.THREADS["dsv_topk512_chunks"]
+    slots = topk.CHUNK // threads
     for r, n in enumerate(counts):
-        d = 1
-        while d != 1 << max((n + d).bit_length() - 8, 0):
-            d = 1 << max((n + d).bit_length() - 8, 0)
+        # One bin of the floor pass, whose span (the maxima's, n + d keys) sets the bin width.
+        d, prev = 1, 0
+        while d != prev:
+            prev, d = d, 1 << max((n + d).bit_length() - FLOOR_DIGIT, 0)
         i = torch.arange(n, device=dev)
-        t, s = i % 511, 2 * (i // 511)
-        order = (t * 32 + s).argsort()  # the list's order: thread, then slot
+        t, s = i % (threads - 1), 2 * (i // (threads - 1))
+        order = (t * slots + s).argsort()  # the list's order: thread, then slot
         t, s = t[order], s[order]
-        x[r, 4 * (512 * (s // 4) + t) + s % 4] = _from_bits(one + 1 + i)
-        x[r, 4 * 511] = 1.0
-        x[r, 4 * torch.arange(512, device=dev) + 1] = _from_bits(torch.tensor(one - d))
+        x[r, 4 * (threads * (s // 4) + t) + s % 4] = _from_bits(one + 1 + i)
+        x[r, 4 * (threads - 1)] = 1.0
+        x[r, 4 * torch.arange(threads, device=dev) + 1] = _from_bits(torch.tensor(one - d))
     return x
 
 
