@@ -158,15 +158,6 @@ def tied_top_row(width: int, pop: int, device="cpu") -> torch.Tensor:
     return x.to(device)
 
 
-def equal_top_two_compact(seed: int, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """The load-time check's compact row of the floor pass's one-value range
-    (``_topk_check.equal_top_two_compact``: 400 copies of the greatest value atop every live
-    group of keys, fewer than k), drawn from ``seed``."""
-    from dsv41_gfx942_plugin.ops import _topk_check
-
-    return _topk_check.equal_top_two_compact(torch.Generator(device).manual_seed(seed))
-
-
 def equal_top_two_candidates(device="cpu"):
     """(logits, candidates, block size) of one candidate row that takes the candidate kernel's
     scalar path (its logits 4 bytes past a 16-byte boundary) into the floor pass's one-value

@@ -184,7 +184,7 @@ def test_candidate_few_live_columns():
 def test_equal_group_maxima_in_candidates_and_compact_rows():
     """130 live candidate blocks whose every half block holds the row's maximum at its first
     column (260 copies, fewer than 512, atop the even-slot group of each live thread), and
-    ``ref_topk.equal_top_two_compact`` rows and ``equal_top_two_candidates``' unaligned row: the
+    ``_topk_check.equal_top_two_compact`` rows and ``ref_topk.equal_top_two_candidates``' row: the
     floor from each group's top two keys opens on one value with fewer than 512 copies, which
     radix_cut must count (2217b78's fix; the aligned candidate rows reached it before the
     interleaved groups, the compact rows and the candidate kernel's scalar path do now)."""
@@ -202,7 +202,8 @@ def test_equal_group_maxima_in_candidates_and_compact_rows():
     idx = out_buf(1)
     assert topk.candidate_top_k(x, 1, seq, cands, bs, idx, 512)
     ref.check_candidates(x, 1, seq, cands, bs, idx, "cand equal top two, unaligned")
-    rows = [ref.equal_top_two_compact(seed, DEV) for seed in (15, 16)]
+    gens = [torch.Generator(DEV).manual_seed(seed) for seed in (15, 16)]
+    rows = [_topk_check.equal_top_two_compact(g) for g in gens]
     x, ids = torch.cat([r[0] for r in rows]), torch.cat([r[1] for r in rows])
     seq = lens_2d([10**6, 10**6])
     idx = out_buf(2)
