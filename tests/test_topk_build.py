@@ -15,8 +15,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
+import ref_topk as ref
 from dsv41_gfx942_plugin.ops import _launcher, _topk_check, topk
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -224,6 +226,28 @@ def test_floor_digit_is_the_kernels():
     would still be right, but no longer on the bound they were built for."""
     (found,) = re.findall(r"\bDIGIT = (\d+)", (HIP / "topk_select.h").read_text())
     assert int(found) == _topk_check.FLOOR_DIGIT
+
+
+@pytest.mark.parametrize("width", [1 << 17, 1 << 18], ids=["select", "select_wide"])
+def test_far_cut_rows_reach_their_paths(width):
+    """The load-time check's ``_far_cut_rows`` take the selection kernel their width picks
+    (``topk.SELECT_BLOCKS``) down the two paths they were built for: more than 2048 of row 0's
+    block scores are finite but fewer than 2048 lie within hip/topk_select.h's FLOOR_SPAN of the
+    greatest (the cut over that span finds too few and runs again over every finite score),
+    more than 2048 of row 1's (with the pinned newest block) rank at or above +inf, and each
+    row's live blocks fit the LDS list."""
+    (span,) = re.findall(r"\bFLOOR_SPAN = 1u << (\d+);", (HIP / "topk_select.h").read_text())
+    rows = _topk_check._far_cut_rows(torch.Generator().manual_seed(5), width)
+    scores = rows.view(2, -1, _topk_check.BLOCK).amax(-1)
+    scores[:, -1] = float("inf")  # the newest block, pinned
+    keys = ref.order_key(scores)
+    finite = keys[0][scores[0].isfinite()]
+    near = int((finite >= finite.max() - (1 << int(span))).sum())
+    assert 0 < near < _topk_check.SELECT_K - 1 and finite.numel() > _topk_check.SELECT_K
+    assert int((scores[1].isnan() | (scores[1] == float("inf"))).sum()) > _topk_check.SELECT_K
+    (list_keys,) = re.findall(r"\bLIST = (\d+);", (HIP / "topk_select.h").read_text())
+    assert int((scores != float("-inf")).sum(1).max()) <= int(list_keys)
+    assert (scores.shape[1] > topk.SELECT_BLOCKS) == (width > 1 << 17)
 
 
 def test_top_k_fits_the_list():

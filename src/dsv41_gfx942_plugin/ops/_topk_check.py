@@ -10,19 +10,20 @@ paths with 2-D and with 1-D causal lengths, rows ending at or before 512; candid
 with -1 and repeated ids, fewer than 512 live entries or an end at or before 512, with 2-D and 1-D
 lengths; layer 20's selection with fewer than 2048 live blocks, one length a request, and rows of
 more than 16384 blocks (``dsv_select_blocks_wide``). Their values lie on a grid of 0.25 (ties at
-every cut), every 7th is -inf, a few +inf and NaN. Rows in one binade with a NaN take the cut over
-the registers (more keys above a workgroup's floor than its LDS list holds) in the chunks, both
-merges and the candidate and compact kernels, a path random rows seldom reach. Rows cut among zeros
-of both signs, below denormals (decode in a merge on both paths, candidate, compact), refuse a
-kernel that ranks -0 as +0 or flushes denormals (the GPU tests check that order too; this check is
-what a gfx942 machine runs before serving). Rows of a width 3 past a multiple of 4, 16-byte aligned,
-end in a partial float4 whose logits rank first; rows with exactly a superset's slots and one, or
-the LDS list and one, above a chunk's floor (``exact_above_floor_rows``). A compact row whose groups
-of keys all top at one value with fewer than 512 copies takes the floor pass's one-value range,
-which a kernel must count before taking it as the cut (``equal_top_two_compact``). H100 before the
-signed-zero rows: 11.3 ms of GPU time (torch's profiler), 31-35 ms a check in all (the first, with
-the code object's load and torch's first launches, 0.51 s); H200 before the binade rows: 8.7 ms,
-27.4-29.0 ms, 0.35 s.
+every cut), every 7th is -inf, a few +inf and NaN. In both selection kernels, rows whose cut lies
+below the finite scores' top 8 binades, or among NaN and +inf scores (``_far_cut_rows``). Rows in
+one binade with a NaN take the cut over the registers (more keys above a workgroup's floor than its
+LDS list holds) in the chunks, both merges and the candidate and compact kernels, a path random rows
+seldom reach. Rows cut among zeros of both signs, below denormals (decode in a merge on both paths,
+candidate, compact), refuse a kernel that ranks -0 as +0 or flushes denormals (the GPU tests check
+that order too; this check is what a gfx942 machine runs before serving). Rows of a width 3 past a
+multiple of 4, 16-byte aligned, end in a partial float4 whose logits rank first; rows with exactly a
+superset's slots and one, or the LDS list and one, above a chunk's floor
+(``exact_above_floor_rows``). A compact row whose groups of keys all top at one value with fewer
+than 512 copies takes the floor pass's one-value range, which a kernel must count before taking it
+as the cut (``equal_top_two_compact``). H100 before the signed-zero rows: 11.3 ms of GPU time
+(torch's profiler), 31-35 ms a check in all (the first, with the code object's load and torch's
+first launches, 0.51 s); H200 before the binade rows: 8.7 ms, 27.4-29.0 ms, 0.35 s.
 """
 
 from __future__ import annotations
@@ -296,6 +297,29 @@ def _check_candidates(gen, i32, z) -> str | None:
     return None
 
 
+def _far_cut_rows(gen: torch.Generator, width: int) -> torch.Tensor:
+    """Two selection rows whose cut lies outside the finite scores' top 8 binades (FLOOR_SPAN),
+    each of 3000 live blocks (the rest -inf; fewer than the LDS list's 4096 entries, so a kernel
+    that took every live block would answer wrongly, not write past its list). Their block
+    scores spread over 240 binades, of either sign (a block's logits within a factor of 2 of
+    each other). In row 0 about 50 lie within 8 binades of the greatest, fewer than 2048: the
+    cut over that span finds too few and runs again over every finite score, from the least (a
+    reduction's minimum, here over lanes that hold no live block). In row 1, 2600 blocks score
+    NaN or +inf, more than the selection takes: its cut runs among those."""
+    f32 = dict(dtype=torch.float32, device=gen.device)
+    blocks = width // BLOCK
+    scale = torch.rand(2, blocks, generator=gen, **f32).mul_(240).sub_(120).exp2_()
+    scale[torch.rand(2, blocks, generator=gen, **f32) < 0.5] *= -1
+    x = torch.rand(2, blocks, BLOCK, generator=gen, **f32).add_(1).mul_(scale[..., None])
+    live = torch.randperm(blocks, generator=gen, device=gen.device)[:3000]
+    dead = torch.ones(blocks, dtype=torch.bool, device=gen.device)
+    dead[live] = False
+    x[:, dead] = NEG
+    x[1, live[:1300], 0] = float("nan")
+    x[1, live[1300:2600], 0] = float("inf")
+    return x.view(2, width)
+
+
 def _check_selection(gen, i32, z) -> str | None:
     """Layer 20's selection: the top 2048 block scores (NaN-propagating block maxima below the
     row's end, the newest block pinned to +inf, -inf blocks never taken)."""
@@ -305,6 +329,7 @@ def _check_selection(gen, i32, z) -> str | None:
         (z, 1, torch.tensor([z.shape[1], 70001, 5000], **i32)),  # 5000: 625 live blocks
         (z[:2], 2, torch.tensor([z.shape[1] - 3], **i32)),  # one length a request, 2 rows
         (wide, 1, torch.tensor([wide.shape[1], 200001], **i32)),
+        *((_far_cut_rows(gen, n), 1, torch.tensor([n - 5, n], **i32)) for n in (1 << 17, 1 << 18)),
     ]
     for x, next_n, lens in calls:
         rows, width = x.shape
