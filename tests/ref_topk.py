@@ -286,7 +286,9 @@ def block_scores(logits: torch.Tensor, end: int, block_size: int) -> torch.Tenso
     -inf for empty blocks, the newest block pinned to +inf (only blocks below the width)."""
     width = logits.numel()
     nblocks = -(-width // block_size)
-    padded = torch.full((nblocks * block_size,), float("-inf"))
+    # fp32 also under a bf16 default dtype (vLLM builds models under one), on the logits' device.
+    padded = torch.full((nblocks * block_size,), float("-inf"), dtype=torch.float32,
+                        device=logits.device)  # fmt: skip
     live = min(max(end, 0), width)
     padded[:live] = logits[:live]
     scores = padded.view(nblocks, block_size).amax(-1)

@@ -21,9 +21,18 @@ multiple of 4, 16-byte aligned, end in a partial float4 whose logits rank first;
 superset's slots and one, or the LDS list and one, above a chunk's floor
 (``exact_above_floor_rows``). A compact row whose groups of keys all top at one value with fewer
 than 512 copies takes the floor pass's one-value range, which a kernel must count before taking it
-as the cut (``equal_top_two_compact``). H100 before the signed-zero rows: 11.3 ms of GPU time
-(torch's profiler), 31-35 ms a check in all (the first, with the code object's load and torch's
-first launches, 0.51 s); H200 before the binade rows: 8.7 ms, 27.4-29.0 ms, 0.35 s.
+as the cut (``equal_top_two_compact``). Continuous rows (off the grid) take the radix passes'
+plain-atomic count of a sparse range (the selection's usual second pass); rows of +0 but for 300
+logits the floor on the 512th key in the chunk, candidate and compact kernels; candidate rows of
+short requests (fewer than 256 live blocks) the floor from each group's top two keys; a candidate
+width not a multiple of 8 and a selection width not a multiple of 4 the scalar loads. With these
+(drawn from their own generator, ``_more``), the check runs every line of ``hip/`` that the CPU
+emulation's tests run, where before it missed 13 (gcov of the emulation, wave 64 and 32); counting
+each kernel's copy of the shared code apart, 21 of the 66 lines it missed still run in the tests
+only (later passes among tied keys, the first merge's floor on the 512th key). H100 before the
+signed-zero rows: 11.3 ms of GPU time (torch's profiler), 31-35 ms a check in all (the first, with
+the code object's load and torch's first launches, 0.51 s); H200 before the binade rows: 8.7 ms,
+27.4-29.0 ms, 0.35 s.
 """
 
 from __future__ import annotations
@@ -135,6 +144,53 @@ def _signed_zero_rows(gen: torch.Generator, rows: int, width: int) -> torch.Tens
     return x
 
 
+def _short_candidate_rows(
+    gen: torch.Generator, width: int, ends: tuple[int, ...]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Candidate rows as layer 20 writes them for a short request: every block below the row's end,
+    in random order (layer 20's is by score), then -1 (2,048 entries a row); ``_grid_rows`` logits,
+    2-D lengths. An end of 1,025 to 2,040 columns leaves fewer than 256 live blocks: in
+    dsv_topk512_candidates' vector path (entry q * 256 + thread / 2; groups of 16 keys) only the
+    threads of the first 256 entries hold a valid key, so fewer than 2k of its 1,024 group maxima
+    are valid and the floor pass runs over each group's top two keys, which rows of 2,048 live
+    blocks never take. A ``width`` not a multiple of 8 (a model length vLLM was given) sends every
+    row down the kernel's scalar loads instead."""
+    dev = gen.device
+    x = _grid_rows(gen, len(ends), width)
+    cands = torch.full((len(ends), SELECT_K), -1, dtype=torch.int32, device=dev)
+    for r, end in enumerate(ends):
+        nb = -(-end // BLOCK)
+        cands[r, :nb] = torch.randperm(nb, generator=gen, device=dev).int()
+    return x, cands, torch.tensor(ends, dtype=torch.int32, device=dev).view(-1, 1)
+
+
+def _more(gen: torch.Generator) -> torch.Generator:
+    """A generator of its own for the rows added after the first ones, so that those stay as they
+    were (which paths a random row takes can hang on its draws; a coverage run showed it)."""
+    return torch.Generator(device=gen.device).manual_seed(gen.initial_seed() + 1)
+
+
+def _randn_rows(gen: torch.Generator, rows: int, width: int) -> torch.Tensor:
+    """Continuous logits (off the grid of 0.25: few ties), as a served row's are: a radix pass
+    after the first has at most SPARSE_POP keys in range and counts them with plain atomics (the
+    selection's usual second pass; the general path's list cut), which grid rows never reach."""
+    return torch.randn(rows, width, generator=gen, dtype=torch.float32, device=gen.device)
+
+
+def _tied_floor_rows(gen: torch.Generator, rows: int, width: int) -> torch.Tensor:
+    """Rows of +0 but for 300 logits in [1, 2), scattered (an indexer's ReLU'd logits that are
+    all exactly 0): more than k group maxima are +0 and fewer than k keys lie above it, so the
+    floor pass lands on the k-th key and top_k lists the keys above it and the first equal ones
+    (its 'floor is the k-th key' path), which neither random nor binade rows take in the chunk,
+    candidate or compact kernels."""
+    f32 = dict(dtype=torch.float32, device=gen.device)
+    x = torch.zeros(rows, width, **f32)
+    for r in range(rows):
+        cols = torch.randperm(width, generator=gen, device=gen.device)[:300]
+        x[r, cols] = torch.rand(300, generator=gen, **f32).add_(1)
+    return x
+
+
 def _keys(v: torch.Tensor) -> torch.Tensor:
     """int64 keys in vLLM's top-k order: NaN above +inf, -0 below +0."""
     b = v.view(torch.int32).to(torch.int64)
@@ -198,7 +254,8 @@ def _check_decode(gen, i32) -> str | None:
     c = topk.CHUNK
     x = _grid_rows(gen, 4, 41 * c)  # 41 chunks: two merge launches
     for next_n, lens in [
-        (1, torch.tensor([[41 * c], [5 * c + 3], [300], [9 * c]], **i32)),
+        # 11c + 5: 12 chunks, the first merge's second group of 4 (its floor from top-two keys)
+        (1, torch.tensor([[41 * c], [5 * c + 3], [300], [11 * c + 5]], **i32)),
         (2, torch.tensor([41 * c, 513], **i32)),  # 1-D: causal ends 41c - 1, 41c, 512, 513
     ]:
         if bad := _both_paths_bad(x, next_n, lens, i32, f"{lens.dim()}-D lengths"):
@@ -226,6 +283,15 @@ def _check_decode(gen, i32) -> str | None:
     y = _signed_zero_rows(gen, 2, 2 * c)  # two chunks a row: the cut in a merge too
     lens = torch.tensor([[2 * c], [2 * c - 9]], **i32)
     if bad := _both_paths_bad(y, 1, lens, i32, "a cut among zeros of both signs"):
+        return bad
+    more = _more(gen)
+    y = _randn_rows(more, 2, c)  # one chunk a row: the exact cut, sparse passes
+    lens = torch.tensor([[c], [c - 3]], **i32)
+    if bad := _both_paths_bad(y, 1, lens, i32, "continuous logits"):
+        return bad
+    y = _tied_floor_rows(more, 2, 2 * c)  # the floor on the 512th key, in the chunks and merge
+    lens = torch.tensor([[2 * c], [2 * c - 1]], **i32)
+    if bad := _both_paths_bad(y, 1, lens, i32, "300 logits above ties at +0"):
         return bad
     # A width 3 past a multiple of 4 with 16-byte aligned rows (a view): the register path's last
     # float4 is partial, read by elements; its three logits rank first.
@@ -259,6 +325,15 @@ def _check_candidates(gen, i32, z) -> str | None:
          torch.randperm(2048, generator=gen, device=dev).int()[None], 1,
          torch.tensor([[16383]], **i32)),
     ]  # fmt: skip
+    more = _more(gen)
+    calls.append((_tied_floor_rows(more, 1, 16384),
+                  torch.randperm(2048, generator=more, device=dev).int()[None], 1,
+                  torch.tensor([[16384]], **i32)))  # fmt: skip
+    # Short requests' rows (fewer than 256 live blocks: the floor from the top two keys); then a
+    # width not a multiple of 8 (the scalar loads), a full row and a short one.
+    for w, ends in ((16384, (1500, 2040)), (16380, (16380, 1500))):
+        x, cand, lens = _short_candidate_rows(more, w, ends)
+        calls.append((x, cand, 1, lens))
     for x, cand, next_n, lens in calls:
         idx = torch.full((x.shape[0], K), -7, **i32)
         if not topk.candidate_top_k(x, next_n, lens, cand, BLOCK, idx, K):
@@ -285,6 +360,9 @@ def _check_candidates(gen, i32, z) -> str | None:
          torch.tensor([[width - 1]], **i32)),
         (*equal_top_two_compact(gen), 1, torch.tensor([[width]], **i32)),  # one-value floor range
     ]  # fmt: skip
+    calls.append((_tied_floor_rows(more, 1, 16384),
+                  torch.randperm(1 << 20, generator=more, device=dev)[:16384].int()[None], 1,
+                  torch.tensor([[width]], **i32)))  # fmt: skip
     for n, (y, vid, next_n, lens) in enumerate(calls):
         idx = torch.full((y.shape[0], K), -7, **i32)
         if not topk.compact_top_k_512(y, vid, lens, next_n, idx):
@@ -331,6 +409,13 @@ def _check_selection(gen, i32, z) -> str | None:
         (wide, 1, torch.tensor([wide.shape[1], 200001], **i32)),
         *((_far_cut_rows(gen, n), 1, torch.tensor([n - 5, n], **i32)) for n in (1 << 17, 1 << 18)),
     ]
+    more = _more(gen)
+    calls += [
+        # A width not a multiple of 4: row 1 is not 16-byte aligned (scalar block scores), its
+        # last block one column
+        (_grid_rows(more, 2, 8 * 8192 + 1), 1, torch.tensor([40001, 8 * 8192 + 1], **i32)),
+        (_randn_rows(more, 1, 1 << 17), 1, torch.tensor([1 << 17], **i32)),  # sparse passes
+    ]
     for x, next_n, lens in calls:
         rows, width = x.shape
         out = torch.full((rows, SELECT_K), -7, **i32)
@@ -338,7 +423,7 @@ def _check_selection(gen, i32, z) -> str | None:
             return f"candidate selection declined {rows} x {width}"
         ends = lens.repeat_interleave(next_n) if lens.numel() != rows else lens
         for r, end in enumerate(ends.tolist()):
-            live = torch.full((width,), NEG, dtype=torch.float32, device=dev)
+            live = torch.full((-(-width // BLOCK) * BLOCK,), NEG, dtype=torch.float32, device=dev)
             live[:end] = x[r, :end]
             scores = live.view(-1, BLOCK).amax(-1) + 0.0  # -0 as +0: torch.topk's order
             scores[(end - 1) // BLOCK] = float("inf")
