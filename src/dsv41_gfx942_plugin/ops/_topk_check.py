@@ -28,7 +28,7 @@ short requests (fewer than 256 live blocks) the floor from each group's top two 
 width not a multiple of 8 and a selection width not a multiple of 4 the scalar loads. With these
 (drawn from their own generator, ``_more``), the check runs every line of ``hip/`` that the CPU
 emulation's tests run, where before it missed 13 (gcov of the emulation, wave 64 and 32); counting
-each kernel's copy of the shared code apart, 21 of the 66 lines it missed still run in the tests
+each kernel's copy of the shared code apart, 20 of the 66 lines it missed still run in the tests
 only (later passes among tied keys, the first merge's floor on the 512th key). H100 before the
 signed-zero rows: 11.3 ms of GPU time (torch's profiler), 31-35 ms a check in all (the first, with
 the code object's load and torch's first launches, 0.51 s); H200 before the binade rows: 8.7 ms,
@@ -409,12 +409,14 @@ def _check_selection(gen, i32, z) -> str | None:
         (wide, 1, torch.tensor([wide.shape[1], 200001], **i32)),
         *((_far_cut_rows(gen, n), 1, torch.tensor([n - 5, n], **i32)) for n in (1 << 17, 1 << 18)),
     ]
-    more = _more(gen)
+    more, w = _more(gen), 32768 * BLOCK - 3
     calls += [
         # A width not a multiple of 4: row 1 is not 16-byte aligned (scalar block scores), its
         # last block one column
         (_grid_rows(more, 2, 8 * 8192 + 1), 1, torch.tensor([40001, 8 * 8192 + 1], **i32)),
         (_randn_rows(more, 1, 1 << 17), 1, torch.tensor([1 << 17], **i32)),  # sparse passes
+        # The wide kernel's sparse passes (row 0) and scalar block scores (row 1, unaligned)
+        (_randn_rows(more, 2, w), 1, torch.tensor([200001, w], **i32)),
     ]
     for x, next_n, lens in calls:
         rows, width = x.shape
