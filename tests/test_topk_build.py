@@ -195,9 +195,9 @@ ARCH_MACRO = re.compile(
 )
 
 
-def hip_const(name: str) -> int:
-    """The value of an int constant of hip/topk512.hip, defined there once."""
-    found = re.findall(rf"\b{name} = (\d+)", (HIP / "topk512.hip").read_text())
+def hip_const(name: str, source: str = "topk512.hip") -> int:
+    """The value of an int constant of ``hip/<source>``, defined there once."""
+    found = re.findall(rf"\b{name} = (\d+)", (HIP / source).read_text())
     assert len(found) == 1, name
     return int(found[0])
 
@@ -224,8 +224,7 @@ def test_floor_digit_is_the_kernels():
     """The load-time check's rows of exact counts above a chunk's floor place their keys by the
     floor pass's bins (``_topk_check.exact_above_floor_rows``): with another radix digit they
     would still be right, but no longer on the bound they were built for."""
-    (found,) = re.findall(r"\bDIGIT = (\d+)", (HIP / "topk_select.h").read_text())
-    assert int(found) == _topk_check.FLOOR_DIGIT
+    assert hip_const("DIGIT", "topk_select.h") == _topk_check.FLOOR_DIGIT
 
 
 @pytest.mark.parametrize("width", [1 << 17, 1 << 18], ids=["select", "select_wide"])
@@ -245,16 +244,14 @@ def test_far_cut_rows_reach_their_paths(width):
     near = int((finite >= finite.max() - (1 << int(span))).sum())
     assert 0 < near < _topk_check.SELECT_K - 1 and finite.numel() > _topk_check.SELECT_K
     assert int((scores[1].isnan() | (scores[1] == float("inf"))).sum()) > _topk_check.SELECT_K
-    (list_keys,) = re.findall(r"\bLIST = (\d+);", (HIP / "topk_select.h").read_text())
-    assert int((scores != float("-inf")).sum(1).max()) <= int(list_keys)
+    assert int((scores != float("-inf")).sum(1).max()) <= hip_const("LIST", "topk_select.h")
     assert (scores.shape[1] > topk.SELECT_BLOCKS) == (width > 1 << 17)
 
 
 def test_top_k_fits_the_list():
     """top_k's k (512) and the selection's widest K fit the LDS list, through which a floor
     that is the k-th key (ties, -inf rows) and the selection write their entries."""
-    (found,) = re.findall(r"\bLIST = (\d+)", (HIP / "topk_select.h").read_text())
-    assert int(found) >= max(topk.TOPK, topk.MAX_SELECT_K)
+    assert hip_const("LIST", "topk_select.h") >= max(topk.TOPK, topk.MAX_SELECT_K)
 
 
 def arch_conditionals(text: str) -> list[str]:
