@@ -25,11 +25,13 @@ as the cut (``equal_top_two_compact``). Continuous rows (off the grid) take the 
 plain-atomic count of a sparse range (the selection's usual second pass); rows of +0 but for 300
 logits the floor on the 512th key in the chunk, candidate and compact kernels; candidate rows of
 short requests (fewer than 256 live blocks) the floor from each group's top two keys; a candidate
-width not a multiple of 8 and a selection width not a multiple of 4 the scalar loads. With these
-(drawn from their own generator, ``_more``), the check runs every line of ``hip/`` that the CPU
-emulation's tests run, where before it missed 13 (gcov of the emulation, wave 64 and 32); counting
-each kernel's copy of the shared code apart, 20 of the 66 lines it missed still run in the tests
-only (later passes among tied keys, the first merge's floor on the 512th key). H100 before the
+width not a multiple of 8 and a selection width not a multiple of 4 the scalar loads. Rows of one
+value, ties in one chunk and 6400 keys above a chunk's floor take the radix passes to a single
+key, and the register cut's sparse pass, in every kernel's copy; one-value rows in 16 chunks of
+the general path the first merge's floor on the 512th key. With these (drawn from their own
+generators, ``_more``), the check runs every line of ``hip/`` that the CPU emulation's tests run,
+counting each kernel's copy of the shared code apart (gcov of the emulation, wave 64 and 32; it
+missed 13 lines, 66 counting copies, before the first of them, 20 before the last). H100 before the
 signed-zero rows: 11.3 ms of GPU time (torch's profiler), 31-35 ms a check in all (the first, with
 the code object's load and torch's first launches, 0.51 s); H200 before the binade rows: 8.7 ms,
 27.4-29.0 ms, 0.35 s.
@@ -191,6 +193,33 @@ def _tied_floor_rows(gen: torch.Generator, rows: int, width: int) -> torch.Tenso
     return x
 
 
+def _one_value_rows(width: int, device: torch.device) -> torch.Tensor:
+    """A row of 1.0 and one of -inf: every group's maximum is the same key, so the floor pass's
+    range is that one key (a pass whose bins are single keys at once) in the chunk, stream and
+    merge kernels, and the floor is the 512th key (top_k lists the first equal keys, the first
+    merge of two too)."""
+    x = torch.ones(2, width, dtype=torch.float32, device=device)
+    x[1] = NEG
+    return x
+
+
+def _many_above_floor_rows(gen: torch.Generator, width: int) -> torch.Tensor:
+    """Random rows whose columns c with c % 1024 < 400 are raised above 100: in the general
+    path's chunks, where thread t reads columns t, t + 1024, ... (STREAM_THREADS), the floor
+    from the group maxima leaves their 6400 keys of a 16384-column chunk above it, more than
+    the LDS list holds (so in the register path's, where they are thread t's float4s t,
+    t + 512, ... with t % 256 < 100): the cut runs over the keys themselves. Row 0's raised
+    logits are 50 tied values (its passes end on the exact key), row 1's continuous (a sparse
+    pass over the registers)."""
+    f32 = dict(dtype=torch.float32, device=gen.device)
+    x = torch.randn(2, width, generator=gen, **f32)
+    raised = torch.arange(width, device=gen.device) % 1024 < 400
+    n = int(raised.sum())
+    x[0, raised] = torch.randint(0, 50, (n,), generator=gen, **f32).add_(100)
+    x[1, raised] = torch.rand(n, generator=gen, **f32).mul_(50).add_(100)
+    return x
+
+
 def _keys(v: torch.Tensor) -> torch.Tensor:
     """int64 keys in vLLM's top-k order: NaN above +inf, -0 below +0."""
     b = v.view(torch.int32).to(torch.int64)
@@ -302,7 +331,22 @@ def _check_decode(gen, i32) -> str | None:
         return bad
     y = exact_above_floor_rows(gen)
     lens = torch.tensor([[2 * c], [2 * c]], **i32)
-    return _both_paths_bad(y, 1, lens, i32, "1,025 and 4,097 keys above a chunk's floor")
+    if bad := _both_paths_bad(y, 1, lens, i32, "1,025 and 4,097 keys above a chunk's floor"):
+        return bad
+    for what, y, lens in [
+        ("one value a row", _one_value_rows(2 * c, more.device), [[2 * c], [2 * c - 1]]),
+        ("ties in one chunk", _grid_rows(more, 2, c), [[c], [c - 7]]),  # an exact cut among ties
+        ("6400 keys above the floor", _many_above_floor_rows(more, c), [[c], [c]]),
+    ]:
+        if bad := _both_paths_bad(y, 1, torch.tensor(lens, **i32), i32, what):
+            return bad
+    # 16 chunks of 1000 on the general path: two merges, the first's floor on the 512th key
+    y, lens = _one_value_rows(16000, more.device), torch.tensor([[16000], [15999]], **i32)
+    idx = torch.full((2, K), -7, **i32)
+    topk.top_k_per_row_decode_512(y, 1, lens, idx, 16, 1000, register_select=False)
+    if bad := _decode_bad(y, 1, lens, idx):
+        return f"decode top-512 (general path, one value a row in 16 chunks): {bad}"
+    return None
 
 
 def _check_candidates(gen, i32, z) -> str | None:
@@ -334,6 +378,10 @@ def _check_candidates(gen, i32, z) -> str | None:
     for w, ends in ((16384, (1500, 2040)), (16380, (16380, 1500))):
         x, cand, lens = _short_candidate_rows(more, w, ends)
         calls.append((x, cand, 1, lens))
+    newer = _more(more)  # later rows still, so that the compact rows' draws stay as they were
+    calls.append((_randn_rows(newer, 1, 16384),  # no ties at the cut
+                  torch.randperm(2048, generator=newer, device=dev).int()[None], 1,
+                  torch.tensor([[16384]], **i32)))  # fmt: skip
     for x, cand, next_n, lens in calls:
         idx = torch.full((x.shape[0], K), -7, **i32)
         if not topk.candidate_top_k(x, next_n, lens, cand, BLOCK, idx, K):
