@@ -28,7 +28,8 @@ short requests (fewer than 256 live blocks) the floor from each group's top two 
 width not a multiple of 8 and a selection width not a multiple of 4 the scalar loads. Rows of one
 value, ties in one chunk and 6400 keys above a chunk's floor take the radix passes to a single
 key, and the register cut's sparse pass, in every kernel's copy; one-value rows in 16 chunks of
-the general path the first merge's floor on the 512th key. With these (drawn from their own
+the general path the first merge's floor on the 512th key; rows 1% finite the top-two floor
+pass's retry from the least group maximum. With these (drawn from their own
 generators, ``_more``), the check runs every line of ``hip/`` that the CPU emulation's tests run,
 counting each kernel's copy of the shared code apart (gcov of the emulation, wave 64 and 32; it
 missed 13 lines, 66 counting copies, before the first of them, 20 before the last). H100 before the
@@ -220,6 +221,17 @@ def _many_above_floor_rows(gen: torch.Generator, width: int) -> torch.Tensor:
     return x
 
 
+def _sparse_finite_rows(gen: torch.Generator, rows: int, width: int) -> torch.Tensor:
+    """Random rows of which 1% of the logits are finite, the rest -inf: a chunk's groups mostly
+    top at -inf, so its floor comes from each group's top two keys, and the top 8 binades of
+    those hold fewer than 512 of them: the floor pass runs again from the least group maximum
+    (the check's other retries, in partial chunks of fewer than 512 valid maxima, run from the
+    least key)."""
+    f32 = dict(dtype=torch.float32, device=gen.device)
+    x = torch.randn(rows, width, generator=gen, **f32)
+    return x.masked_fill_(torch.rand(rows, width, generator=gen, **f32) >= 0.01, NEG)
+
+
 def _keys(v: torch.Tensor) -> torch.Tensor:
     """int64 keys in vLLM's top-k order: NaN above +inf, -0 below +0."""
     b = v.view(torch.int32).to(torch.int64)
@@ -337,6 +349,7 @@ def _check_decode(gen, i32) -> str | None:
         ("one value a row", _one_value_rows(2 * c, more.device), [[2 * c], [2 * c - 1]]),
         ("ties in one chunk", _grid_rows(more, 2, c), [[c], [c - 7]]),  # an exact cut among ties
         ("6400 keys above the floor", _many_above_floor_rows(more, c), [[c], [c]]),
+        ("1% finite", _sparse_finite_rows(more, 2, 3 * c), [[3 * c], [3 * c - 5]]),
     ]:
         if bad := _both_paths_bad(y, 1, torch.tensor(lens, **i32), i32, what):
             return bad
@@ -410,6 +423,9 @@ def _check_candidates(gen, i32, z) -> str | None:
     ]  # fmt: skip
     calls.append((_tied_floor_rows(more, 1, 16384),
                   torch.randperm(1 << 20, generator=more, device=dev)[:16384].int()[None], 1,
+                  torch.tensor([[width]], **i32)))  # fmt: skip
+    calls.append((_sparse_finite_rows(newer, 1, 16384),
+                  torch.randperm(1 << 20, generator=newer, device=dev)[:16384].int()[None], 1,
                   torch.tensor([[width]], **i32)))  # fmt: skip
     for n, (y, vid, next_n, lens) in enumerate(calls):
         idx = torch.full((y.shape[0], K), -7, **i32)
