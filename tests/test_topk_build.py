@@ -248,6 +248,28 @@ def test_far_cut_rows_reach_their_paths(width):
     assert (scores.shape[1] > topk.SELECT_BLOCKS) == (width > 1 << 17)
 
 
+def test_many_above_floor_rows_exceed_the_list():
+    """The load-time check's ``_many_above_floor_rows`` keep, in a chunk of either decode path,
+    each thread's keys all raised or none (the general path's thread t reads columns t,
+    t + STREAM_THREADS, ...; the register path's, float4s t, t + CHUNK_THREADS, ...), so fewer
+    than k of its group maxima are raised and the floor lies below every raised key: more
+    raised keys than hip/topk_select.h's LIST lie above it."""
+    rows = _topk_check._many_above_floor_rows(torch.Generator().manual_seed(5), topk.CHUNK)
+    raised = rows >= 100
+    assert torch.equal(raised[0], raised[1])
+    col = torch.arange(topk.CHUNK)
+    reg = hip_const("CHUNK_THREADS")
+    groups = topk.CHUNK // reg // hip_const("CHUNK_GROUP")  # a register-path thread's
+    layouts = [(hip_const("STREAM_THREADS"), col, 1), (reg, col // 4, groups)]
+    for threads, of, groups in layouts:
+        thread = of % threads
+        hit = torch.zeros(threads, dtype=torch.long).index_add_(0, thread, raised[0].long())
+        size = torch.bincount(thread, minlength=threads)
+        assert bool(((hit == 0) | (hit == size)).all())
+        assert int((hit > 0).sum()) * groups < topk.TOPK
+    assert int(raised[0].sum()) > hip_const("LIST", "topk_select.h")
+
+
 def test_top_k_fits_the_list():
     """top_k's k (512) and the selection's widest K fit the LDS list, through which a floor
     that is the k-th key (ties, -inf rows) and the selection write their entries."""
