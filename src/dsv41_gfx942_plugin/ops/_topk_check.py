@@ -32,10 +32,11 @@ the general path the first merge's floor on the 512th key; rows 1% finite the to
 pass's retry from the least group maximum. With these (drawn from their own
 generators, ``_more``), the check runs every line of ``hip/`` that the CPU emulation's tests run,
 counting each kernel's copy of the shared code apart (gcov of the emulation, wave 64 and 32; it
-missed 13 lines, 66 counting copies, before the first of them, 20 before the last). H100 before the
-signed-zero rows: 11.3 ms of GPU time (torch's profiler), 31-35 ms a check in all (the first, with
-the code object's load and torch's first launches, 0.51 s); H200 before the binade rows: 8.7 ms,
-27.4-29.0 ms, 0.35 s.
+missed 13 lines, 66 counting copies, before the first of them, 20 before the last). H100, with
+every row (e1dbb33): 76-82 ms a check in all (the first, with the code object's load and torch's
+first launches, 0.70 s), 30.5 ms of it GPU time (torch's profiler), most of that torch's
+reference (its sorts and top-k of int64 keys): decode rows 40 ms, candidate and compact 22,
+selection 13. H200 before the binade rows: 8.7 ms of GPU time, 27.4-29.0 ms, 0.35 s.
 """
 
 from __future__ import annotations
