@@ -168,6 +168,16 @@ def _short_candidate_rows(
     return x, cands, torch.tensor(ends, dtype=torch.int32, device=dev).view(-1, 1)
 
 
+def _every_block(gen: torch.Generator) -> torch.Tensor:
+    """One candidate row naming every block of a 16384-column row (2048), in random order."""
+    return torch.randperm(2048, generator=gen, device=gen.device).int()[None]
+
+
+def _distinct_ids(gen: torch.Generator) -> torch.Tensor:
+    """One compact row's 16384 distinct column ids below 2^20, in random order."""
+    return torch.randperm(1 << 20, generator=gen, device=gen.device)[:16384].int()[None]
+
+
 def _more(gen: torch.Generator) -> torch.Generator:
     """A generator of its own for the rows added after the first ones, so that those stay as they
     were (which paths a random row takes can hang on its draws; a coverage run showed it)."""
@@ -281,12 +291,18 @@ def _decode_bad(x, next_n, seq_lens, idx) -> str | None:
     return None
 
 
+def _path_bad(x, next_n, lens, i32, register: bool, *split) -> str | None:
+    """The decode top-512 on one path (``split``: its max_blocks and min_chunk, when not the
+    defaults), and what differed."""
+    idx = torch.full((x.shape[0], K), -7, **i32)
+    topk.top_k_per_row_decode_512(x, next_n, lens, idx, *split, register_select=register)
+    return _decode_bad(x, next_n, lens, idx)
+
+
 def _both_paths_bad(x, next_n, lens, i32, what: str) -> str | None:
     """The decode top-512 on its register and its general path, and what differed."""
     for register in (True, False):
-        idx = torch.full((x.shape[0], K), -7, **i32)
-        topk.top_k_per_row_decode_512(x, next_n, lens, idx, register_select=register)
-        if bad := _decode_bad(x, next_n, lens, idx):
+        if bad := _path_bad(x, next_n, lens, i32, register):
             path = "register" if register else "general"
             return f"decode top-512 ({path} path, {what}): {bad}"
     return None
@@ -318,9 +334,7 @@ def _check_decode(gen, i32) -> str | None:
                                            (8192, False, 64, 128)]:  # fmt: skip
         y = _binade_rows(gen, 2, width)
         lens = torch.tensor([[width], [width - 5]], **i32)
-        idx = torch.full((2, K), -7, **i32)
-        topk.top_k_per_row_decode_512(y, 1, lens, idx, blocks, chunk, register_select=register)
-        if bad := _decode_bad(y, 1, lens, idx):
+        if bad := _path_bad(y, 1, lens, i32, register, blocks, chunk):
             return f"decode top-512 (more than the list above a floor, {width} columns): {bad}"
     y = _signed_zero_rows(gen, 2, 2 * c)  # two chunks a row: the cut in a merge too
     lens = torch.tensor([[2 * c], [2 * c - 9]], **i32)
@@ -356,9 +370,7 @@ def _check_decode(gen, i32) -> str | None:
             return bad
     # 16 chunks of 1000 on the general path: two merges, the first's floor on the 512th key
     y, lens = _one_value_rows(16000, more.device), torch.tensor([[16000], [15999]], **i32)
-    idx = torch.full((2, K), -7, **i32)
-    topk.top_k_per_row_decode_512(y, 1, lens, idx, 16, 1000, register_select=False)
-    if bad := _decode_bad(y, 1, lens, idx):
+    if bad := _path_bad(y, 1, lens, i32, False, 16, 1000):
         return f"decode top-512 (general path, one value a row in 16 chunks): {bad}"
     return None
 
@@ -377,25 +389,22 @@ def _check_candidates(gen, i32, z) -> str | None:
         (z, cands, 1, torch.tensor([[width], [3000], [400]], **i32)),
         (z, cands, 3, torch.tensor([514], **i32)),  # causal ends 512 (0..511), 513, 514
         # Every block of a row in one binade (more than the list above the floor)
-        (_binade_rows(gen, 1, 16384), torch.randperm(2048, generator=gen, device=dev).int()[None],
-         1, torch.tensor([[16384]], **i32)),
-        (_signed_zero_rows(gen, 1, 16384),
-         torch.randperm(2048, generator=gen, device=dev).int()[None], 1,
-         torch.tensor([[16383]], **i32)),
-    ]  # fmt: skip
+        (_binade_rows(gen, 1, 16384), _every_block(gen), 1, torch.tensor([[16384]], **i32)),
+        (_signed_zero_rows(gen, 1, 16384), _every_block(gen), 1, torch.tensor([[16383]], **i32)),
+    ]
     more = _more(gen)
-    calls.append((_tied_floor_rows(more, 1, 16384),
-                  torch.randperm(2048, generator=more, device=dev).int()[None], 1,
-                  torch.tensor([[16384]], **i32)))  # fmt: skip
+    calls.append(
+        (_tied_floor_rows(more, 1, 16384), _every_block(more), 1, torch.tensor([[16384]], **i32))
+    )
     # Short requests' rows (fewer than 256 live blocks: the floor from the top two keys); then a
     # width not a multiple of 8 (the scalar loads), a full row and a short one.
     for w, ends in ((16384, (1500, 2040)), (16380, (16380, 1500))):
         x, cand, lens = _short_candidate_rows(more, w, ends)
         calls.append((x, cand, 1, lens))
     newer = _more(more)  # later rows still, so that the compact rows' draws stay as they were
-    calls.append((_randn_rows(newer, 1, 16384),  # no ties at the cut
-                  torch.randperm(2048, generator=newer, device=dev).int()[None], 1,
-                  torch.tensor([[16384]], **i32)))  # fmt: skip
+    calls.append(  # no ties at the cut
+        (_randn_rows(newer, 1, 16384), _every_block(newer), 1, torch.tensor([[16384]], **i32))
+    )
     for x, cand, next_n, lens in calls:
         idx = torch.full((x.shape[0], K), -7, **i32)
         if not topk.candidate_top_k(x, next_n, lens, cand, BLOCK, idx, K):
@@ -410,24 +419,17 @@ def _check_candidates(gen, i32, z) -> str | None:
     ids[:, 3::11] = -1
     ids[1, 300:] = -1
     v = _grid_rows(gen, rows, 16384)
+    whole = torch.tensor([[width]], **i32)
     calls = [
         (v, ids, 1, torch.tensor([[width], [width], [400]], **i32)),
         (v, ids, 3, torch.tensor([514], **i32)),  # causal ends 512 (0..511), 513, 514
         # A row in one binade, every entry live (more than the list above the floor)
-        (_binade_rows(gen, 1, 16384),
-         torch.randperm(1 << 20, generator=gen, device=dev)[:16384].int()[None], 1,
-         torch.tensor([[width]], **i32)),
-        (_signed_zero_rows(gen, 1, 16384),
-         torch.randperm(1 << 20, generator=gen, device=dev)[:16384].int()[None], 1,
-         torch.tensor([[width - 1]], **i32)),
-        (*equal_top_two_compact(gen), 1, torch.tensor([[width]], **i32)),  # one-value floor range
-    ]  # fmt: skip
-    calls.append((_tied_floor_rows(more, 1, 16384),
-                  torch.randperm(1 << 20, generator=more, device=dev)[:16384].int()[None], 1,
-                  torch.tensor([[width]], **i32)))  # fmt: skip
-    calls.append((_sparse_finite_rows(newer, 1, 16384),
-                  torch.randperm(1 << 20, generator=newer, device=dev)[:16384].int()[None], 1,
-                  torch.tensor([[width]], **i32)))  # fmt: skip
+        (_binade_rows(gen, 1, 16384), _distinct_ids(gen), 1, whole),
+        (_signed_zero_rows(gen, 1, 16384), _distinct_ids(gen), 1, whole - 1),
+        (*equal_top_two_compact(gen), 1, whole),  # one-value floor range
+        (_tied_floor_rows(more, 1, 16384), _distinct_ids(more), 1, whole),
+        (_sparse_finite_rows(newer, 1, 16384), _distinct_ids(newer), 1, whole),
+    ]
     for n, (y, vid, next_n, lens) in enumerate(calls):
         idx = torch.full((y.shape[0], K), -7, **i32)
         if not topk.compact_top_k_512(y, vid, lens, next_n, idx):
