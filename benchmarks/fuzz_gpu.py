@@ -25,8 +25,8 @@ import fuzz_topk  # noqa: E402
 
 CASES_A_SEED = 100
 # Past the seeds of the runs recorded in benchmarks/topk_sweeps.md ("GPU test runs": 9000-9762,
-# 9800-13963), so that a run with the default tries new cases.
-FIRST_SEED = 13964
+# 9800-14283), so that a run with the default tries new cases.
+FIRST_SEED = 14284
 
 
 def main() -> None:

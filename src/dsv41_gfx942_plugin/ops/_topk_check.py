@@ -34,9 +34,10 @@ generators, ``_more``), the check runs every line of ``hip/`` that the CPU emula
 counting each kernel's copy of the shared code apart (gcov of the emulation, wave 64 and 32; it
 missed 13 lines, 66 counting copies, before the first of them, 20 before the last). H100, with
 every row (e1dbb33): 76-82 ms a check in all (the first, with the code object's load and torch's
-first launches, 0.70 s), 30.5 ms of it GPU time (torch's profiler), most of that torch's
-reference (its sorts and top-k of int64 keys): decode rows 40 ms, candidate and compact 22,
-selection 13. H200 before the binade rows: 8.7 ms of GPU time, 27.4-29.0 ms, 0.35 s.
+first launches, 0.70 s; 88-136 ms on another H100 host: host time), 30.5 ms of it GPU time
+(torch's profiler), most of that torch's reference (its sorts and top-k of int64 keys): decode
+rows 40 ms, candidate and compact 22, selection 13. H200 before the binade rows: 8.7 ms of GPU
+time, 27.4-29.0 ms, 0.35 s.
 """
 
 from __future__ import annotations
