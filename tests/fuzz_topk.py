@@ -1,10 +1,13 @@
 """Seeded fuzz of the top-k hooks against the torch references (``ref_topk``): rows of random
 adversarial structures (ties, grids, equal group maxima, masks, zeros of both signs, infinities,
-NaN, monotone rows, denormals), widths and row ends about the kernels' branch points. The CPU
-emulation runs it at both wave widths (``test_topk_emu.py``), a GPU on the kernels it loads
-(``test_topk_gpu.py``: the sm_90 build, or the shipped gfx942 code object on an MI300X). Every
-case draws its tensors on the CPU from its own seed, so a seed names the same case on any
-device."""
+NaN, monotone rows, denormals, one value everywhere, clusters of high logits), widths and row
+ends about the kernels' branch points. The CPU emulation runs it at both wave widths
+(``test_topk_emu.py``), a GPU on the kernels it loads (``test_topk_gpu.py``: the sm_90 build, or
+the shipped gfx942 code object on an MI300X). Every case draws its tensors on the CPU from its
+own seed, so a seed names the same case on any device, for one version of this file: the
+one-value and cluster rows, added after the GPU runs of seeds up to 14283, changed which case a
+seed names (gcov of the emulation, 600 cases at wave 64: with them 1365 of ``topk_select.h``'s
+lines counted per kernel copy and 1216 branch arcs, without them 1302 and 1159)."""
 
 from __future__ import annotations
 
@@ -41,8 +44,19 @@ def _row(n: int, rng: random.Random, g: torch.Generator) -> torch.Tensor:
     """One row of ``n`` logits of a random adversarial structure."""
     x = torch.randn(n, generator=g)
     kind = rng.choice(["randn", "ties", "grid", "max_every", "masked", "zeros", "inf", "nan",
-                       "monotone", "tiny"])  # fmt: skip
-    if kind == "ties":
+                       "monotone", "tiny", "one", "cluster"])  # fmt: skip
+    if kind == "one":  # one value everywhere: every key ties, every group maximum is one key
+        x = torch.full((n,), rng.choice([1.0, 0.0, float("-inf"), float("inf"), float("nan")]))
+    elif kind == "cluster":  # high logits in one span or a periodic band: a chunk's list overfills
+        lift = rng.choice([3.0, 6.0, 20.0])
+        if rng.random() < 0.5:
+            span = rng.choice([rng.randint(1, 600), rng.randint(600, 9000)])
+            at = rng.randint(0, max(0, n - span))
+            x[at : at + span] += lift
+        else:
+            period = rng.choice([64, 1024, 4096])
+            x[torch.arange(n) % period < rng.randint(1, period // 2)] += lift
+    elif kind == "ties":
         x = torch.randint(0, rng.choice([2, 3, 50]), (n,), generator=g).float()
     elif kind == "grid":
         x = (x * 4).round() / 4
