@@ -239,9 +239,10 @@ def _sparse_finite_rows(gen: torch.Generator, rows: int, width: int) -> torch.Te
     those hold fewer than 512 of them: the floor pass runs again from the least group maximum
     (the check's other retries, in partial chunks of fewer than 512 valid maxima, run from the
     least key)."""
-    f32 = dict(dtype=torch.float32, device=gen.device)
-    x = torch.randn(rows, width, generator=gen, **f32)
-    return x.masked_fill_(torch.rand(rows, width, generator=gen, **f32) >= 0.01, NEG)
+    x = _randn_rows(gen, rows, width)
+    return x.masked_fill_(
+        torch.rand(x.shape, generator=gen, dtype=x.dtype, device=x.device) >= 0.01, NEG
+    )
 
 
 def _keys(v: torch.Tensor) -> torch.Tensor:
