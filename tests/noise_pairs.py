@@ -22,17 +22,24 @@ def _noises(exact_ptr, fast_ptr, seeds_ptr, req, pos, vocab, FAST_LOG: tl.conste
     tl.store(fast_ptr + v, M._noise32(u, FAST_LOG), mask=v < vocab)
 
 
+def row_noises(spec, row: int, vocab: int, fast_log: str = ""):
+    """vLLM's noise and the fast noise (``fast_log``; vLLM's again for "") of every token at row
+    ``row``'s first draft step, keyed as the step kernel keys it (seed, salted position, token):
+    two fp32 tensors on the CPU."""
+    req = int(spec.sample_idx_mapping[row * spec.num_speculative_steps])
+    pos = int(spec.sample_pos[row * spec.num_speculative_steps]) - 1 + _DRAFT_NOISE_SALT.value
+    exact = torch.empty(vocab, device=spec.seeds.device)
+    fast = torch.empty_like(exact)
+    _noises[(triton.cdiv(vocab, 1024),)](exact, fast, spec.seeds, req, pos, vocab, fast_log)
+    return exact.cpu(), fast.cpu()
+
+
 def swapped_pair(spec, vocab: int, bv: int, fast_log: str):
     """Two tokens ``a < b`` in different vocabulary blocks of ``bv`` tokens whose fast noises
     (``fast_log``) order them the other way round than vLLM's noise does, at the first row's
     first draft step, and vLLM's winner between them when their logits are equal; None when that
-    row has no such pair. Noise keyed as the step kernel keys it (seed, salted position, token)."""
-    req = int(spec.sample_idx_mapping[0])
-    pos = int(spec.sample_pos[0]) - 1 + _DRAFT_NOISE_SALT.value
-    exact = torch.empty(vocab, device=spec.seeds.device)
-    fast = torch.empty_like(exact)
-    _noises[(triton.cdiv(vocab, 1024),)](exact, fast, spec.seeds, req, pos, vocab, fast_log)
-    exact, fast = exact.cpu(), fast.cpu()
+    row has no such pair."""
+    exact, fast = row_noises(spec, 0, vocab, fast_log)
     order = torch.argsort(exact, descending=True, stable=True)  # neighbours in vLLM's order
     a, b = torch.minimum(order[:-1], order[1:]), torch.maximum(order[:-1], order[1:])
     swapped = (a // bv != b // bv) & ((exact[a] >= exact[b]) != (fast[a] >= fast[b]))

@@ -4,9 +4,10 @@ Both paths run on the same speculator state (``ref_markov.make_case``: vLLM's ow
 ``DSparkMarkovHead`` and ``LogitsProcessor``), the Triton kernels (ours and vLLM's Gumbel kernel)
 in the interpreter, and ``ref_markov.check_rule`` applies the issue's rule. The cases are sampled
 over vocabularies that are not multiples of the block, ranks, row counts 1..64 and 256, 1..7
-draft steps, temperatures 0/0.3/1/2, inert rows, greedy and probabilistic drafts, fp32 and fp64
-noise, ties, -inf; plus one 129280-token case. Every ``_why_not`` reason is checked with a spy
-on the kernels, and the other side of each numeric boundary is taken.
+draft steps, temperatures 0/0.3/1/2 (and 1.4e-45 to 3e38 in one test), inert rows, greedy and
+probabilistic drafts, fp32 and fp64 noise, ties, -inf; plus one 129280-token case. Every
+``_why_not`` reason is checked with a spy on the kernels, and the other side of each numeric
+boundary is taken.
 
 The interpreter must be on before vLLM or the plugin decorate their kernels, so this module sets
 ``TRITON_INTERPRET=1`` and ``CUDA_VISIBLE_DEVICES=`` when no GPU is visible and nobody set them
@@ -128,6 +129,30 @@ def test_temperatures_and_inert_rows():
         took, ref, out = R.run_both(spec, 6, hidden, F.sample_sequential)
         assert took
         R.check_rule(spec, 6, R.model_base(spec, 6, hidden), R.model_bias_fn(spec), ref, out)
+
+
+@pytest.mark.parametrize("rows", [12, 20])
+def test_extreme_temperatures(rows, monkeypatch):
+    """Temperatures far outside the issue's 0-2, on the exact noise (12 rows) and on the fast
+    noise with its verify launch (20 rows): 1e-3 and 1e-37 (``y = logits / temperature`` large;
+    at 1e-37 the noise vanishes in its rounding and ties decide), 1.4e-45 (a denormal: every
+    nonzero logit overflows to +-inf, the first +inf of a row wins), 5, 1e4 and 3e38 (logits /
+    temperature near 0: the noise decides), and 0. vLLM's tokens everywhere."""
+    verify = _Spy(K._markov_verify_kernel)
+    monkeypatch.setattr(K, "_markov_verify_kernel", verify)
+    temps = (1e-3, 1e-37, 1e-45, 5.0, 1e4, 3e38, 0.0)
+    spec, hidden = R.make_case(vocab=700, rows=rows, n_spec=3, inert=0.1, seed=41)
+    req = spec.sample_idx_mapping[: rows * 3 : 3]
+    req = req[req >= 0]
+    assert len(req) >= len(temps)
+    spec.temperature[req] = torch.tensor(temps * rows)[: len(req)]  # every one, some twice
+    took, ref, out = R.run_both(spec, rows, hidden, F.sample_sequential)
+    assert took
+    stats = R.check_rule(
+        spec, rows, R.model_base(spec, rows, hidden), R.model_bias_fn(spec), ref, out
+    )
+    assert stats.tokens_equal == stats.tokens
+    assert verify.launches == (3 if rows > 16 else 0)
 
 
 def test_full_vocabulary():
@@ -974,9 +999,7 @@ def test_fast_noise_anywhere_within_its_bound_takes_the_exact_winner(monkeypatch
     values ``a`` leads by 0.2-0.6 of the bound (logits chosen for it; the Markov weights zero,
     every other token -inf). The fast best is then ``b``'s, ``a``'s block trails it by 1.2-1.6
     bounds, and only the exact recomputation of ``a``'s block (the last) gives vLLM's token."""
-    from vllm.v1.worker.gpu.sample.gumbel import _DRAFT_NOISE_SALT
-
-    from noise_pairs import _noises
+    from noise_pairs import row_noises
 
     monkeypatch.setattr(F, "BV_INTERP", 1024)
     vocab, rows = 4096, 17
@@ -986,10 +1009,7 @@ def test_fast_noise_anywhere_within_its_bound_takes_the_exact_winner(monkeypatch
         vocab=vocab, rows=rows, n_spec=1, temps=(1.0,), inert=0.0, seed=99, adversarial=False
     )
     _w2(spec).data.zero_()
-    req = int(spec.sample_idx_mapping[0])
-    pos = int(spec.sample_pos[0]) - 1 + _DRAFT_NOISE_SALT.value
-    exact, fast = torch.empty(vocab), torch.empty(vocab)
-    _noises[(vocab // 1024,)](exact, fast, spec.seeds, req, pos, vocab, "")
+    exact = row_noises(spec, 0, vocab)[0]
     delta = M.FAST_NOISE_ERR.value
     a = 3 * 1024 + int(exact[3 * 1024 :].argmax())  # token a: the last block, logit 0
     found = None
@@ -1011,6 +1031,94 @@ def test_fast_noise_anywhere_within_its_bound_takes_the_exact_winner(monkeypatch
     took, ref, out = R.run_both(spec, rows, hidden, F.sample_sequential)
     assert took
     assert int(ref["tokens"][0, 0]) == a  # vLLM's winner of row 0
+    assert torch.equal(out["tokens"][:rows], ref["tokens"][:rows])
+
+
+def test_fast_noise_rounding_within_its_relative_slack(monkeypatch):
+    """The verify window's relative part (``FAST_NOISE_REL``): where ``logits / temp`` is large,
+    a fast noise within its bound can move ``y``'s fp32 rounding by a whole ulp, far more than the
+    bound. Temperature 2**-20 and logit 1 put ``y`` at about 2**20 (an ulp of 1/16 or 1/8); tokens
+    ``a`` (last vocabulary block) and ``b`` (an earlier one) are chosen so that vLLM's ``y`` of
+    ``a`` is one ulp above ``b``'s while the fast noises, skewed by 0.9 of the bound as in the test
+    above, round ``a`` down and ``b`` up: ``a``'s block then trails the fast best by an ulp (64 or
+    128 bounds), and only the relative slack brings it into the verify window (with the bound
+    alone, ``FAST_NOISE_REL`` 0, this fails)."""
+    from noise_pairs import row_noises
+
+    monkeypatch.setattr(F, "BV_INTERP", 1024)
+    vocab, rows, temp = 4096, 17, 2.0**-20
+    assert F._config(rows, vocab, 64, True)["FAST_LOG"] == "log2"
+    spec, hidden = R.make_case(
+        vocab=vocab, rows=rows, n_spec=1, temps=(temp,), inert=0.0, seed=99, adversarial=False
+    )
+    _w2(spec).data.zero_()
+    off, err = 0.9 * M.FAST_NOISE_ERR.value, M.FAST_NOISE_ERR.value
+    for row in range(rows):  # the first row with such a pair
+        g = row_noises(spec, row, vocab)[0]
+        y0 = torch.tensor(1.0 / temp)  # fp32 sums, as both kernels add
+        exact, down, up = y0 + g, y0 + (g - off), y0 + (g + off)
+        ga, gb = slice(3 * 1024, vocab), slice(0, 3 * 1024)
+        pair = (exact[ga][:, None] > exact[gb][None, :]) & (
+            up[gb][None, :] - down[ga][:, None] > 2 * err
+        )
+        unique = torch.unique(g, return_counts=True)[1].max() == 1  # the skew keys by value
+        if pair.any() and unique:
+            i, j = (int(x) for x in pair.nonzero()[0])
+            a, b = 3 * 1024 + i, j
+            break
+    else:
+        pytest.fail("no row with such a pair: pick another seed")
+    spec.model.base[:] = float("-inf")
+    spec.model.base[:, a] = spec.model.base[:, b] = 1.0
+    monkeypatch.setitem(globals(), "_SKEW_DOWN", float(g[a]))
+    monkeypatch.setitem(globals(), "_SKEW_UP", float(g[b]))
+    monkeypatch.setattr(K, "_noise32", _skewed_noise32)
+    took, ref, out = R.run_both(spec, rows, hidden, F.sample_sequential)
+    assert took
+    assert int(ref["tokens"][row, 0]) == a  # vLLM's winner of that row
+    assert torch.equal(out["tokens"][:rows], ref["tokens"][:rows])
+
+
+@pytest.mark.parametrize("rows", [3, 17])
+def test_logits_divided_by_the_temperature_as_vllm_does(rows):
+    """``logits / temp`` rounds otherwise than ``logits * (1 / temp)`` for some logits, and a
+    last-bit difference of ``y`` decides a near tie: two tokens whose winner at temperature 0.3
+    differs between the two (logits from the bf16 values in [1, 2), found by search over the
+    first row's noise; every other token -inf, the Markov weights zero) must sample vLLM's
+    token. 3 rows take the exact noise in the step kernel, 17 the verify launch's recomputation
+    (the reciprocal in either kernel fails this)."""
+    from noise_pairs import row_noises
+
+    vocab, temp = 4096, torch.tensor(0.3)
+    spec, hidden = R.make_case(
+        vocab=vocab, rows=rows, n_spec=1, temps=(0.3,), inert=0.0, seed=99, adversarial=False
+    )
+    _w2(spec).data.zero_()
+    g = row_noises(spec, 0, vocab)[0]
+    bf16 = torch.arange(0x3F80, 0x4000, dtype=torch.int16).view(torch.bfloat16).float()
+    col = torch.arange(vocab)
+
+    def beats(la, lb, scale):  # [a, b]: token b (logit lb) beats token a (logit la), fp32
+        ya, yb = scale(la) + g, scale(lb) + g
+        return (yb[None, :] > ya[:, None]) | ((yb[None, :] == ya[:, None]) & (col < col[:, None]))
+
+    found = None
+    for la in bf16[bf16 / temp != bf16 * (1.0 / temp)]:
+        for lb in bf16:
+            flip = beats(la, lb, lambda x: x / temp) != beats(la, lb, lambda x: x * (1.0 / temp))
+            flip.fill_diagonal_(False)
+            if flip.any():
+                found = float(la), float(lb), *(int(x) for x in flip.nonzero()[0])
+                break
+        if found:
+            break
+    assert found, "no such pair in this row: pick another seed"
+    la, lb, a, b = found
+    spec.model.base[:] = float("-inf")
+    spec.model.base[:, a], spec.model.base[:, b] = la, lb
+    took, ref, out = R.run_both(spec, rows, hidden, F.sample_sequential)
+    assert took
+    assert int(ref["tokens"][0, 0]) in (a, b)
     assert torch.equal(out["tokens"][:rows], ref["tokens"][:rows])
 
 
