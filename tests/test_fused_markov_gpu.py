@@ -175,6 +175,23 @@ def test_cuda_graph_replay_new_seeds(rows):
     assert (win == -(2**63)).all()
 
 
+@pytest.mark.parametrize("rows", [12, 64])
+def test_extreme_temperatures(rows):
+    """As the CPU test of that name, with this GPU's division, compares and denormals (12 rows
+    take vLLM's noise in the step kernel, 64 the fast noise with its verify launch): temperatures
+    1e-3, 1e-6 (below vLLM's 1e-5 a request is greedy, but its temperature is kept and the draft
+    step divides by it), 1e-37, 1.4e-45 (a denormal), 5, 1e4, 3e38 and 0, each on some rows."""
+    temps = (1e-3, 1e-6, 1e-37, 1e-45, 5.0, 1e4, 3e38, 0.0)
+    spec, w1, w2, base3 = R.make_plain_case(vocab=V, rank=256, rows=rows, inert=0.1, seed=41)
+    req = spec.sample_idx_mapping[: rows * spec.num_speculative_steps : spec.num_speculative_steps]
+    req = req[req >= 0]
+    assert len(req) >= len(temps)
+    spec.temperature[req] = torch.tensor(temps * rows, device=req.device)[: len(req)]
+    ref, out = R.run_both_plain(spec, rows, base3, w1, w2, F._launch)
+    stats = _check(spec, rows, base3, w1, w2, ref, out)
+    assert stats.tokens_equal == stats.tokens
+
+
 @pytest.mark.parametrize("rows", [8, 64])
 def test_greedy_first_nan_wins(rows):
     """NaN base logits in a greedy draft, each right after a token vLLM's loop picks without
