@@ -493,6 +493,7 @@ REFUSED = {
     "weights strided": dict(weights=torch.zeros(8, 128)[:, ::2]),
     "weights short": dict(weights=torch.zeros(5, 64)),
     "weights 3-D": dict(weights=torch.zeros(8, 64, 1)),
+    "weights of 32 heads": dict(weights=torch.zeros(8, 32)),  # q has 64
     "seq_lens int64": dict(seq_lens=torch.full((3,), 300, dtype=torch.int64)),
     "seq_lens wrong count": dict(seq_lens=torch.full((4,), 300, dtype=torch.int32)),
     "seq_lens strided": dict(seq_lens=torch.full((6,), 300, dtype=torch.int32)[::2]),
@@ -500,6 +501,18 @@ REFUSED = {
     "seq_lens [batch, 1]": dict(seq_lens=torch.full((3, 1), 300, dtype=torch.int32)),  # next_n 2
     "cache on another device": dict(kv_cache=strided_cache(8, 64, 128, 0, "meta")),
     "weights on another device": dict(weights=torch.zeros(8, 64, device="meta")),
+    "seq_lens on another device": dict(
+        seq_lens=torch.full((3,), 300, dtype=torch.int32, device="meta")
+    ),
+    "block table on another device": dict(
+        block_table=torch.zeros(3, 8, dtype=torch.int32, device="meta")
+    ),
+    "candidates on another device": dict(
+        candidates=torch.zeros(8, 2048, dtype=torch.int32, device="meta")
+    ),
+    "indices on another device": dict(
+        indices=torch.zeros(8, 512, dtype=torch.int32, device="meta")
+    ),
     "block table int64": dict(block_table=torch.zeros(3, 8, dtype=torch.int64)),
     "block table strided": dict(block_table=torch.zeros(3, 16, dtype=torch.int32)[:, ::2]),
     "block table short": dict(block_table=torch.zeros(2, 8, dtype=torch.int32)),

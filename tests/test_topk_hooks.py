@@ -384,6 +384,9 @@ def test_compact_gating(calls):
     assert not topk.compact_top_k_512(logits, ids, seq, 0, idx)
     assert not topk.compact_top_k_512(logits[:, :0], ids[:, :0], seq, 1, idx)  # no entry to read
     assert not topk.compact_top_k_512(logits, ids.to("meta"), seq, 1, idx)
+    assert not topk.compact_top_k_512(logits.half(), ids, seq, 1, idx)
+    assert not topk.compact_top_k_512(logits, ids, seq.long(), 1, idx)
+    assert not topk.compact_top_k_512(logits, ids, seq[:5], 1, idx)  # 5 lengths for 6 rows
     assert calls == []
     assert topk.compact_top_k_512(logits, ids, seq, 1, idx)
     assert [c[0] for c in calls] == ["dsv_topk512_compact"]
