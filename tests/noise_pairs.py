@@ -9,7 +9,12 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from vllm.v1.worker.gpu.sample.gumbel import _DRAFT_NOISE_SALT, murmur3_uniform32, spec_step_seed
+from vllm.v1.worker.gpu.sample.gumbel import (
+    _DRAFT_NOISE_SALT,
+    murmur3_uniform32,
+    murmur3_uniform64,
+    spec_step_seed,
+)
 
 from dsv41_gfx942_plugin.ops import _markov_math as M
 
@@ -22,15 +27,27 @@ def _noises(exact_ptr, fast_ptr, seeds_ptr, req, pos, vocab, FAST_LOG: tl.conste
     tl.store(fast_ptr + v, M._noise32(u, FAST_LOG), mask=v < vocab)
 
 
-def row_noises(spec, row: int, vocab: int, fast_log: str = ""):
+@triton.jit
+def _noises64(out_ptr, seeds_ptr, req, pos, vocab):
+    v = tl.program_id(0) * 1024 + tl.arange(0, 1024)
+    u = murmur3_uniform64(spec_step_seed(tl.load(seeds_ptr + req), 0), pos, v)
+    tl.store(out_ptr + v, -tl.log(-tl.log(u)), mask=v < vocab)
+
+
+def row_noises(spec, row: int, vocab: int, fast_log: str = "", fp64: bool = False):
     """vLLM's noise and the fast noise (``fast_log``; vLLM's again for "") of every token at row
     ``row``'s first draft step, keyed as the step kernel keys it (seed, salted position, token):
-    two fp32 tensors on the CPU."""
+    two fp32 tensors on the CPU; with ``fp64``, vLLM's fp64 noise (``use_fp64_gumbel``) alone."""
     req = int(spec.sample_idx_mapping[row * spec.num_speculative_steps])
     pos = int(spec.sample_pos[row * spec.num_speculative_steps]) - 1 + _DRAFT_NOISE_SALT.value
+    grid = (triton.cdiv(vocab, 1024),)
+    if fp64:
+        out = torch.empty(vocab, dtype=torch.float64, device=spec.seeds.device)
+        _noises64[grid](out, spec.seeds, req, pos, vocab)
+        return out.cpu()
     exact = torch.empty(vocab, device=spec.seeds.device)
     fast = torch.empty_like(exact)
-    _noises[(triton.cdiv(vocab, 1024),)](exact, fast, spec.seeds, req, pos, vocab, fast_log)
+    _noises[grid](exact, fast, spec.seeds, req, pos, vocab, fast_log)
     return exact.cpu(), fast.cpu()
 
 

@@ -196,22 +196,24 @@ def test_many_vocabulary_blocks(greedy, fp64, vocab, monkeypatch):
     assert stats.tokens_equal == stats.tokens
 
 
-def test_fp64_scan_keeps_the_first_of_equal_block_maxima(monkeypatch):
+@pytest.mark.parametrize("first,second", [(10, 700), (700, 1300)])
+def test_fp64_scan_keeps_the_first_of_equal_block_maxima(first, second, monkeypatch):
     """fp64 noise: each step's token comes from a scan of the vocabulary blocks' bests,
     ``NB_CHUNK`` blocks at a time, which must keep the first of equal maxima across chunks too
     (torch's argmax in vLLM's loop; DSv4.1's 1010 blocks of 128 take 8 chunks). Chunks of 2
-    blocks of 256 here; zero temperature (no noise) and two equal largest logits in blocks 0
-    and 2 (tokens 10 and 700) make the tie, which the other cases' random rows hardly ever do."""
+    blocks of 256 here; zero temperature (no noise) and two equal largest logits make the tie,
+    which the other cases' random rows hardly ever do: in blocks 0 and 2 (chunks 0 and 1), and
+    in blocks 2 and 5 (chunks 1 and 2: the winner's block counted from its chunk's start)."""
     monkeypatch.setattr(F, "BV_INTERP", 256)
     monkeypatch.setattr(F, "NB_CHUNK", 2)
     spec, hidden = R.make_case(
         vocab=1500, rows=4, n_spec=3, fp64=True, temps=(0.0,), inert=0.0, seed=95
     )
-    spec.model.base[:, 10] = spec.model.base[:, 700] = 1e4  # one bf16 value, the bias far below
+    spec.model.base[:, first] = spec.model.base[:, second] = 1e4  # the bias far below
     took, ref, out = R.run_both(spec, 4, hidden, F.sample_sequential)
     assert took
     assert torch.equal(out["tokens"][:4], ref["tokens"][:4])
-    assert (out["tokens"][:4] == 10).all()
+    assert (out["tokens"][:4] == first).all()
 
 
 @pytest.mark.parametrize("from_anchor", [True, False], ids=["anchor-first", "bonus-first"])
@@ -1008,6 +1010,9 @@ def test_fast_noise_anywhere_within_its_bound_takes_the_exact_winner(monkeypatch
     spec, hidden = R.make_case(
         vocab=vocab, rows=rows, n_spec=1, temps=(1.0,), inert=0.0, seed=99, adversarial=False
     )
+    # Row 0 served by request slot 0, the live request a "> 0" test would take for inert.
+    idx = spec.sample_idx_mapping
+    idx[idx == 0], idx[0] = idx[0].item(), 0
     _w2(spec).data.zero_()
     exact = row_noises(spec, 0, vocab)[0]
     delta = M.FAST_NOISE_ERR.value
@@ -1079,33 +1084,35 @@ def test_fast_noise_rounding_within_its_relative_slack(monkeypatch):
     assert torch.equal(out["tokens"][:rows], ref["tokens"][:rows])
 
 
-@pytest.mark.parametrize("rows", [3, 17])
-def test_logits_divided_by_the_temperature_as_vllm_does(rows):
+@pytest.mark.parametrize(("rows", "fp64"), [(3, False), (17, False), (3, True)])
+def test_logits_divided_by_the_temperature_as_vllm_does(rows, fp64):
     """``logits / temp`` rounds otherwise than ``logits * (1 / temp)`` for some logits, and a
     last-bit difference of ``y`` decides a near tie: two tokens whose winner at temperature 0.3
     differs between the two (logits from the bf16 values in [1, 2), found by search over the
     first row's noise; every other token -inf, the Markov weights zero) must sample vLLM's
     token. 3 rows take the exact noise in the step kernel, 17 the verify launch's recomputation
-    (the reciprocal in either kernel fails this)."""
+    (the reciprocal in either kernel fails this). With fp64 noise vLLM divides in fp32, then
+    widens: the pair's winner differs from an fp64 division's (which fails it)."""
     from noise_pairs import row_noises
 
     vocab, temp = 4096, torch.tensor(0.3)
-    spec, hidden = R.make_case(
-        vocab=vocab, rows=rows, n_spec=1, temps=(0.3,), inert=0.0, seed=99, adversarial=False
-    )
+    case = dict(vocab=vocab, rows=rows, n_spec=1, temps=(0.3,), inert=0.0, seed=99)
+    spec, hidden = R.make_case(**case, fp64=fp64, adversarial=False)
     _w2(spec).data.zero_()
-    g = row_noises(spec, 0, vocab)[0]
+    g = row_noises(spec, 0, vocab, fp64=True) if fp64 else row_noises(spec, 0, vocab)[0]
     bf16 = torch.arange(0x3F80, 0x4000, dtype=torch.int16).view(torch.bfloat16).float()
     col = torch.arange(vocab)
 
-    def beats(la, lb, scale):  # [a, b]: token b (logit lb) beats token a (logit la), fp32
+    def beats(la, lb, scale):  # [a, b]: token b (logit lb) beats token a (logit la)
         ya, yb = scale(la) + g, scale(lb) + g
         return (yb[None, :] > ya[:, None]) | ((yb[None, :] == ya[:, None]) & (col < col[:, None]))
 
+    vllms = lambda x: (x / temp).to(g.dtype)  # noqa: E731
+    other = (lambda x: x.double() / temp.double()) if fp64 else (lambda x: x * (1.0 / temp))
     found = None
-    for la in bf16[bf16 / temp != bf16 * (1.0 / temp)]:
+    for la in bf16[vllms(bf16) != other(bf16)]:
         for lb in bf16:
-            flip = beats(la, lb, lambda x: x / temp) != beats(la, lb, lambda x: x * (1.0 / temp))
+            flip = beats(la, lb, vllms) != beats(la, lb, other)
             flip.fill_diagonal_(False)
             if flip.any():
                 found = float(la), float(lb), *(int(x) for x in flip.nonzero()[0])

@@ -68,14 +68,17 @@ def test_matches_vllm_loop(vocab, rank, rows, greedy, fp64):
     _check(spec, rows, base3, w1, w2, ref, out)
 
 
-@pytest.mark.parametrize("second", [700, 300 * 128 + 5], ids=["one-chunk", "two-chunks"])
+@pytest.mark.parametrize(
+    "second", [11, 700, 300 * 128 + 5], ids=["one-block", "one-chunk", "two-chunks"]
+)
 def test_fp64_ties_keep_the_first_of_equal_block_maxima(second):
-    """fp64 noise: each step's token comes from a scan of the blocks' bests, ``NB_CHUNK`` at a
-    time, each chunk's maximum taken with the first index among equal keys. Zero temperature and
-    two equal largest logits (token 10, and ``second`` in the same chunk of blocks or a later
-    one) must give token 10, as torch's argmax in vLLM's loop does. The CPU test covers the
-    order across chunks; within one it is the GPU's ``tl.max`` (the interpreter's keeps the
-    first index whatever the tie-break flag)."""
+    """fp64 noise: each block's best is its first largest key, and each step's token comes from
+    a scan of the blocks' bests, ``NB_CHUNK`` at a time, each chunk's maximum taken with the
+    first index among equal keys. Zero temperature and two equal largest logits (token 10, and
+    ``second`` in the same block, in the same chunk of blocks or in a later one) must give token
+    10, as torch's argmax in vLLM's loop does. The CPU test covers the order across chunks;
+    within a block or a chunk it is the GPU's ``tl.max`` (the interpreter's keeps the first
+    index whatever the tie-break flag). The one-block case has not run on a GPU yet."""
     spec, w1, w2, base3 = R.make_plain_case(
         vocab=V, rank=256, rows=3, fp64=True, temps=(0.0,), inert=0.0, seed=7
     )
