@@ -105,11 +105,17 @@ def test_a_nan_logit_passes_whatever_its_bits():
 
 
 def test_a_masked_logit_must_stay_masked():
-    """vLLM's -inf (a -inf base logit) is no bias's last bit away from a finite value."""
+    """vLLM's -inf (a -inf base logit) is no bias's last bit away from a finite value, nor is a
+    fused -inf from vLLM's finite value, even where that value and its base logit are so large
+    that the bound (TOL times their magnitudes) overflows to inf."""
     tokens, cached, live, hot, base = _outputs()
     cached[1, 2, 9] = float("-inf")
     out = cached.clone()
     out[1, 2, 9] = -3.0e38
+    why = C.compare((tokens, tokens), (cached, out), live, hot, base, None)
+    assert why == "row 1 step 2: a cached logit differs beyond a bias's last bit"
+    cached[1, 2, 9] = base[1, 2, 9] = -3.0e38
+    out[1, 2, 9] = float("-inf")
     why = C.compare((tokens, tokens), (cached, out), live, hot, base, None)
     assert why == "row 1 step 2: a cached logit differs beyond a bias's last bit"
 

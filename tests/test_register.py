@@ -41,14 +41,16 @@ _INACTIVE = [
     (lambda mp, st: mp.setenv("DSV41_GFX942_DISABLE", "1"), "DSV41_GFX942_DISABLE"),
     (lambda mp, st: mp.setattr("dsv41_gfx942_plugin.vllm_version", lambda: "0.34.0"),
      "vLLM 0.34.0 is not supported"),
+    (lambda mp, st: mp.setattr("vllm.platforms._current_platform.is_rocm", lambda: False),
+     "not ROCm"),
     (lambda mp, st: setattr(st, "gfx942", False), "not gfx942"),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize("case", range(len(_INACTIVE)))
 def test_inactive_reasons_in_order(clean_plugin, fake_platform, monkeypatch, plugin_log, case):
-    """The off switch wins over a bad version, which wins over the arch: case i sets its own
-    cause and every weaker one, and register() names its own."""
+    """The off switch wins over a bad version, which wins over the platform, which wins over
+    the arch: case i sets its own cause and every weaker one, and register() names its own."""
     for setup, _ in _INACTIVE[case:]:
         setup(monkeypatch, fake_platform)
     reason = _INACTIVE[case][1]
@@ -134,7 +136,9 @@ def test_platform_gate_asks_functions_vllm_has():
 
 @pytest.mark.parametrize(("version", "ok"), [("0.33.0", True), ("0.33.7rc1", True),
                                              ("0.32.9", False), ("0.34.0", False),
-                                             ("1.33.0", False), ("dev", False)])  # fmt: skip
+                                             ("1.33.0", False), ("dev", False),
+                                             ("V0.33.0", True), ("0!0.33.0", True),
+                                             ("1!0.33.0", False)])  # fmt: skip
 def test_version_range(version, ok):
     from dsv41_gfx942_plugin import vllm_supported
 
@@ -463,7 +467,7 @@ def test_undo_of_inherited_attribute_deletes_it():
     assert "x" not in vars(Child) and Child.x == 1
 
 
-@pytest.mark.parametrize("error", [RuntimeError, AttributeError])
+@pytest.mark.parametrize("error", [RuntimeError, AttributeError, TypeError, ValueError, KeyError])
 def test_register_swallows_internal_error(clean_plugin, fake_platform, monkeypatch, plugin_log,
                                           error):  # fmt: skip
     """Any exception of the plugin's (not only a RuntimeError) leaves it inactive, undone."""

@@ -126,6 +126,8 @@ def test_log_names_the_path_that_served_the_fused_paths_step(calls, plugin_log, 
     fused_step(None)
     patched(_Spec(), 4, None)
     assert served()[-1].endswith("the plugin's fused Markov launches")
+    patched(_Spec(), 4, None)  # once a process, not once a step
+    assert sum(m.endswith("the plugin's fused Markov launches") for m in served()) == 1
     assert calls.log == []  # vLLM's original never ran
 
 
