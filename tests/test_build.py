@@ -54,6 +54,19 @@ def test_missing_compiler_is_fine_unless_required(tmp_path, monkeypatch, one_ker
         one_kernel.build("gfx942", tmp_path / "out", require=True)
 
 
+def test_missing_device_libraries_are_fine_unless_required(
+    tmp_path, monkeypatch, one_kernel, capsys
+):
+    """A plain clang without the ROCm device libraries for the arch: no code object and a
+    message, or with ``require`` an error (a ROCm CI's wheel must not ship without them)."""
+    monkeypatch.setattr(one_kernel, "find_compiler", lambda arch: ["clang++-19"])
+    monkeypatch.setattr(one_kernel, "_device_lib_dir", lambda *args: None)
+    assert one_kernel.build("gfx942", tmp_path / "out") == {}
+    assert "no ROCm device libraries" in capsys.readouterr().err
+    with pytest.raises(one_kernel.BuildError, match="no ROCm device libraries"):
+        one_kernel.build("gfx942", tmp_path / "out", require=True)
+
+
 @pytest.mark.parametrize(
     "raw,required", [("", False), (" ", False), ("0", False), ("off", False), ("1", True),
                      (" Yes ", True), ("2", None), ("required", None)],
@@ -99,6 +112,14 @@ def test_command_reads_the_require_variable(tmp_path, monkeypatch, one_kernel, r
     monkeypatch.setattr(one_kernel, "find_compiler", lambda arch: None)
     monkeypatch.setenv(one_kernel.REQUIRE_ENV, raw)
     assert one_kernel.main(["--arch", "gfx942", "--out", str(tmp_path / "out"), *flag]) == code
+
+
+def test_command_reads_the_variable_even_with_require(tmp_path, monkeypatch, one_kernel):
+    """--require does not skip reading the variable: one it cannot read fails the command even
+    where every build succeeds."""
+    monkeypatch.setattr(one_kernel, "build", lambda *args, **kwargs: {})
+    monkeypatch.setenv(one_kernel.REQUIRE_ENV, "2")
+    assert one_kernel.main(["--arch", "gfx942", "--out", str(tmp_path / "out"), "--require"]) == 1
 
 
 #: Where a ROCm compiler is put, and whether the build finds it (README, Install: on PATH, or

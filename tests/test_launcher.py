@@ -214,13 +214,22 @@ def test_clear_last_error_resets_hips_and_never_raises(fake_hip, monkeypatch):
     assert _launcher.clear_last_error() == 0
 
 
-def test_a_launch_hands_hip_its_arguments_as_the_kernel_lays_them_out(fake_hip, tmp_path):
-    """A kernel of the loaded module, launched on the given stream with the given grid and
-    block, its arguments packed at the offsets of their C layout (pointer, int32, then int64
-    and pointer, each aligned to its size) and passed in HIP's ``extra`` buffer."""
+def test_a_launch_hands_hip_its_arguments_as_the_kernel_lays_them_out(
+    fake_hip, tmp_path, monkeypatch
+):
+    """A kernel of the module loaded on its device (device 3 current while it loads), launched
+    on the given stream with the given grid and block, its arguments packed at the offsets of
+    their C layout (pointer, int32, then int64 and pointer, each aligned to its size) and passed
+    in HIP's ``extra`` buffer, whose size ends at the last argument (12 bytes for a pointer and
+    an int32, not 16: the runtime copies that many)."""
     image = tmp_path / "topk512.gfx942.co"
     image.write_bytes(b"\x7fELF")
-    module = _launcher.Module(image, {"k": "PiqP"}, 0)
+    current = []
+    monkeypatch.setattr(
+        torch.cuda, "device", lambda d: current.append(d) or contextlib.nullcontext()
+    )
+    module = _launcher.Module(image, {"k": "PiqP", "short": "Pi"}, 3)
+    assert current == [3]
     module.kernels["k"]((3, 5, 7), 256, 0xABC, 0x1122334455667788, -2, -3, 0x99)
     launched = list((ctypes.c_ulonglong * 10).in_dll(fake_hip, "launched"))
     assert launched == [0xF00D, 3, 5, 7, 256, 1, 1, 0, 0xABC, 32]
@@ -229,6 +238,8 @@ def test_a_launch_hands_hip_its_arguments_as_the_kernel_lays_them_out(fake_hip, 
         (0x1122334455667788).to_bytes(8, "little") + (-2).to_bytes(4, "little", signed=True)
         + bytes(4) + (-3).to_bytes(8, "little", signed=True) + (0x99).to_bytes(8, "little")
     )  # fmt: skip
+    module.kernels["short"]((1, 1, 1), 64, 0, 0x55, 7)
+    assert list((ctypes.c_ulonglong * 10).in_dll(fake_hip, "launched"))[9] == 12
 
 
 def test_launches_from_two_threads_each_hand_hip_their_own_arguments(fake_hip, tmp_path):
