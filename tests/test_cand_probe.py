@@ -72,8 +72,12 @@ def test_probe_is_a_step_of_the_variant_the_hook_takes(batch, next_n, dims, rati
     assert keys.float()[finite].abs().mean() > 1  # random keys, not zeros
     # Weights differ between heads and rows (a kernel mixing them up would not compare equal).
     assert (step.weights.std(dim=1) > 0).all() and step.weights.unique().numel() == rows * 64
-    # Candidates: distinct block ids a row in no order, an eighth -1, enough live columns to
-    # judge.
+    # Candidates: distinct block ids a row in no order, an eighth -1, the rows' orders
+    # different (a kernel reading one row's candidates for every row would not compare equal),
+    # enough live columns to judge.
+    c = step.candidates
+    both = (c[1:] >= 0) & (c[:1] >= 0)
+    assert ((c[1:] != c[:1]) & both).any(dim=1).all()  # at a slot live in both, another block
     live = 0
     for r in range(rows):
         ids = step.candidates[r][step.candidates[r] >= 0]
