@@ -153,6 +153,34 @@ def test_rocm_compiler_search(tmp_path, monkeypatch, hip_build, where, rel, foun
     assert hip_build.find_rocm_compiler() == (str(root / rel) if found else None)
 
 
+def _fake_tool(folder: Path, name: str, version_line: str = "") -> Path:
+    """An executable ``folder/name`` that prints ``version_line`` for ``--version``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tool = folder / name
+    tool.write_text(f"#!/bin/sh\necho '{version_line}'\n")
+    tool.chmod(0o755)
+    return tool
+
+
+def test_compiler_search_order(tmp_path, monkeypatch, hip_build):
+    """README, Install: a ROCm compiler on PATH before one under the ROCm roots, a ROCm compiler
+    before a plain clang, the newest plain clang of at least MIN_CLANG (17) before an older
+    one."""
+    bin_, root = tmp_path / "bin", tmp_path / "rocm"
+    monkeypatch.setenv("PATH", str(bin_))
+    for name in ("ROCM_HOME", "HIP_PATH"):
+        monkeypatch.setenv(name, "")
+    monkeypatch.setenv("ROCM_PATH", str(root))
+    clang17 = _fake_tool(bin_, "clang++-17", "Ubuntu clang version 17.0.6")
+    assert hip_build._find_plain_clang() == str(clang17)  # 17 is new enough
+    clang19 = _fake_tool(bin_, "clang++-19", "Debian clang version 19.1.7")
+    assert hip_build._find_plain_clang() == str(clang19)
+    _fake_tool(root / "bin", "hipcc")
+    assert hip_build.find_compiler("gfx942")[0] == str(root / "bin" / "hipcc")
+    on_path = _fake_tool(bin_, "hipcc")
+    assert hip_build.find_compiler("gfx942")[0] == str(on_path)
+
+
 def test_rocm_roots_in_order(monkeypatch, hip_build):
     """$ROCM_PATH, $ROCM_HOME, $HIP_PATH, then /opt/rocm (README, Install); an unset or empty
     variable is skipped."""
