@@ -34,21 +34,29 @@ def _noises64(out_ptr, seeds_ptr, req, pos, vocab):
     tl.store(out_ptr + v, -tl.log(-tl.log(u)), mask=v < vocab)
 
 
-def row_noises(spec, row: int, vocab: int, fast_log: str = "", fp64: bool = False):
+def _row_key(spec, row: int) -> tuple[int, int]:
+    """Row ``row``'s request and salted position at its first draft step, as the step kernel
+    keys the noise."""
+    at = row * spec.num_speculative_steps
+    return int(spec.sample_idx_mapping[at]), int(spec.sample_pos[at]) - 1 + _DRAFT_NOISE_SALT.value
+
+
+def row_noises(spec, row: int, vocab: int, fast_log: str = ""):
     """vLLM's noise and the fast noise (``fast_log``; vLLM's again for "") of every token at row
-    ``row``'s first draft step, keyed as the step kernel keys it (seed, salted position, token):
-    two fp32 tensors on the CPU; with ``fp64``, vLLM's fp64 noise (``use_fp64_gumbel``) alone."""
-    req = int(spec.sample_idx_mapping[row * spec.num_speculative_steps])
-    pos = int(spec.sample_pos[row * spec.num_speculative_steps]) - 1 + _DRAFT_NOISE_SALT.value
-    grid = (triton.cdiv(vocab, 1024),)
-    if fp64:
-        out = torch.empty(vocab, dtype=torch.float64, device=spec.seeds.device)
-        _noises64[grid](out, spec.seeds, req, pos, vocab)
-        return out.cpu()
+    ``row``'s first draft step: two fp32 tensors on the CPU."""
     exact = torch.empty(vocab, device=spec.seeds.device)
     fast = torch.empty_like(exact)
-    _noises[grid](exact, fast, spec.seeds, req, pos, vocab, fast_log)
+    grid = (triton.cdiv(vocab, 1024),)
+    _noises[grid](exact, fast, spec.seeds, *_row_key(spec, row), vocab, fast_log)
     return exact.cpu(), fast.cpu()
+
+
+def row_noises64(spec, row: int, vocab: int):
+    """vLLM's fp64 noise (``use_fp64_gumbel``) of every token at row ``row``'s first draft step,
+    on the CPU."""
+    out = torch.empty(vocab, dtype=torch.float64, device=spec.seeds.device)
+    _noises64[(triton.cdiv(vocab, 1024),)](out, spec.seeds, *_row_key(spec, row), vocab)
+    return out.cpu()
 
 
 def swapped_pair(spec, vocab: int, bv: int, fast_log: str):

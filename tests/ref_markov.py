@@ -183,6 +183,16 @@ def make_case(
     return spec, head_hidden
 
 
+def spread_temperatures(spec, rows: int, temps) -> None:
+    """Gives the live rows' requests the temperatures ``temps`` in turn, so each one serves
+    some row (``make_case`` draws them at random); there must be a live row for each."""
+    n_spec = spec.num_speculative_steps
+    req = spec.sample_idx_mapping[: rows * n_spec : n_spec]
+    req = req[req >= 0]
+    assert len(req) >= len(temps), f"{len(req)} live rows for {len(temps)} temperatures"
+    spec.temperature[req] = torch.tensor(temps * rows, device=req.device)[: len(req)]
+
+
 def snapshot(spec):
     return {
         "tokens": spec.draft_tokens.clone(),

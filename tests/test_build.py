@@ -39,6 +39,15 @@ def one_kernel(tmp_path, monkeypatch, hip_build):
     return hip_build
 
 
+def _script(path: Path, body: str = "") -> Path:
+    """An executable shell script at ``path`` (its folder made) running ``body``: a stand-in
+    compiler or tool."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+    return path
+
+
 def test_no_source_builds_nothing_and_says_so(tmp_path, monkeypatch, hip_build, capsys):
     monkeypatch.setattr(hip_build, "HIP_DIR", tmp_path)
     assert hip_build.build("gfx942", tmp_path / "out", require=True) == {}
@@ -146,20 +155,9 @@ def test_rocm_compiler_search(tmp_path, monkeypatch, hip_build, where, rel, foun
         if rel.endswith("/"):
             target.mkdir(parents=True)
         else:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text("#!/bin/sh\n")
-            target.chmod(0o755)
+            _script(target)
         monkeypatch.setenv(where, str(root if where != "PATH" else target.parent))
     assert hip_build.find_rocm_compiler() == (str(root / rel) if found else None)
-
-
-def _fake_tool(folder: Path, name: str, version_line: str = "") -> Path:
-    """An executable ``folder/name`` that prints ``version_line`` for ``--version``."""
-    folder.mkdir(parents=True, exist_ok=True)
-    tool = folder / name
-    tool.write_text(f"#!/bin/sh\necho '{version_line}'\n")
-    tool.chmod(0o755)
-    return tool
 
 
 def test_compiler_search_order(tmp_path, monkeypatch, hip_build):
@@ -171,13 +169,13 @@ def test_compiler_search_order(tmp_path, monkeypatch, hip_build):
     for name in ("ROCM_HOME", "HIP_PATH"):
         monkeypatch.setenv(name, "")
     monkeypatch.setenv("ROCM_PATH", str(root))
-    clang17 = _fake_tool(bin_, "clang++-17", "Ubuntu clang version 17.0.6")
+    clang17 = _script(bin_ / "clang++-17", "echo 'Ubuntu clang version 17.0.6'")
     assert hip_build._find_plain_clang() == str(clang17)  # 17 is new enough
-    clang19 = _fake_tool(bin_, "clang++-19", "Debian clang version 19.1.7")
+    clang19 = _script(bin_ / "clang++-19", "echo 'Debian clang version 19.1.7'")
     assert hip_build._find_plain_clang() == str(clang19)
-    _fake_tool(root / "bin", "hipcc")
-    assert hip_build.find_compiler("gfx942")[0] == str(root / "bin" / "hipcc")
-    on_path = _fake_tool(bin_, "hipcc")
+    in_root = _script(root / "bin" / "hipcc")
+    assert hip_build.find_compiler("gfx942")[0] == str(in_root)
+    on_path = _script(bin_ / "hipcc")
     assert hip_build.find_compiler("gfx942")[0] == str(on_path)
 
 
@@ -203,8 +201,7 @@ def test_plain_clang_version(tmp_path, hip_build, says, major):
     from ``--version``, and one that says none, or no program, counts as none."""
     clang = tmp_path / "clang++"
     if says is not None:
-        clang.write_text(f"#!/bin/sh\necho '{says}'\n")
-        clang.chmod(0o755)
+        _script(clang, f"echo '{says}'")
     assert hip_build._clang_major(str(clang)) == major
     assert hip_build.MIN_CLANG == 17
 
@@ -468,7 +465,6 @@ def test_device_library_shim_failure_is_a_build_error(hip_build, tmp_path):
     tools.mkdir(parents=True)
     (tools / "clang++").touch()
     for name, body in (("llvm-dis", "echo 'i32 9400'"), ("llvm-as", "echo broken >&2; exit 3")):
-        (tools / name).write_text(f"#!/bin/sh\n{body}\n")
-        (tools / name).chmod(0o755)
+        _script(tools / name, body)
     with pytest.raises(hip_build.BuildError, match="llvm-as"):
         hip_build._device_lib_dir(str(tools / "clang++"), "gfx942", tmp_path / "scratch")

@@ -142,10 +142,7 @@ def test_extreme_temperatures(rows, monkeypatch):
     monkeypatch.setattr(K, "_markov_verify_kernel", verify)
     temps = (1e-3, 1e-37, 1e-45, 5.0, 1e4, 3e38, 0.0)
     spec, hidden = R.make_case(vocab=700, rows=rows, n_spec=3, inert=0.1, seed=41)
-    req = spec.sample_idx_mapping[: rows * 3 : 3]
-    req = req[req >= 0]
-    assert len(req) >= len(temps)
-    spec.temperature[req] = torch.tensor(temps * rows)[: len(req)]  # every one, some twice
+    R.spread_temperatures(spec, rows, temps)
     took, ref, out = R.run_both(spec, rows, hidden, F.sample_sequential)
     assert took
     stats = R.check_rule(
@@ -1093,13 +1090,13 @@ def test_logits_divided_by_the_temperature_as_vllm_does(rows, fp64):
     token. 3 rows take the exact noise in the step kernel, 17 the verify launch's recomputation
     (the reciprocal in either kernel fails this). With fp64 noise vLLM divides in fp32, then
     widens: the pair's winner differs from an fp64 division's (which fails it)."""
-    from noise_pairs import row_noises
+    from noise_pairs import row_noises, row_noises64
 
     vocab, temp = 4096, torch.tensor(0.3)
     case = dict(vocab=vocab, rows=rows, n_spec=1, temps=(0.3,), inert=0.0, seed=99)
     spec, hidden = R.make_case(**case, fp64=fp64, adversarial=False)
     _w2(spec).data.zero_()
-    g = row_noises(spec, 0, vocab, fp64=True) if fp64 else row_noises(spec, 0, vocab)[0]
+    g = row_noises64(spec, 0, vocab) if fp64 else row_noises(spec, 0, vocab)[0]
     bf16 = torch.arange(0x3F80, 0x4000, dtype=torch.int16).view(torch.bfloat16).float()
     col = torch.arange(vocab)
 
