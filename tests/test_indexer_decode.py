@@ -523,6 +523,23 @@ def probe_then_vllms_path(env, plugin_layer, oracle_layer, meta, q, n):
                          oracle_layer.topk_indices_buffer[: meta.num_decode_tokens])  # fmt: skip
 
 
+def spy_probe_rows(monkeypatch) -> list:
+    """The compact rows and ids that the candidate-logits stand-in hands each probe's check,
+    in the order of the probes (the probe's call is the one with a check, its 12th argument)."""
+    probed = []
+    call = ref.CandidateLogitsTopK.__call__
+
+    def spying(self, *args):
+        if len(args) == 12:
+            *rest, check = args
+            args = (*rest, lambda logits, ids: probed.append((logits.clone(), ids.clone()))
+                    or check(logits, ids))  # fmt: skip
+        return call(self, *args)
+
+    monkeypatch.setattr(ref.CandidateLogitsTopK, "__call__", spying)
+    return probed
+
+
 def test_candidate_logits_of_too_few_columns_are_not_judged(vllm_env, monkeypatch, plugin_log):
     """A probe with fewer meaningful columns than MIN_COMPARED (a very narrow reader layer)
     judges nothing: that variant keeps vLLM's path, is not probed again, and the hook stays
@@ -539,14 +556,20 @@ def test_candidate_logits_of_too_few_columns_are_not_judged(vllm_env, monkeypatc
 def test_candidate_logits_of_exactly_min_compared_columns_serve(vllm_env, monkeypatch,
                                                                  plugin_log):  # fmt: skip
     """MIN_COMPARED columns to judge, all equal, are enough: the hook serves that variant (the
-    probe is seeded, so a probe judged short says how many columns its step holds)."""
+    probe is seeded, so a probe judged short says how many columns its step holds: its live
+    columns of a finite, nonzero logit)."""
     monkeypatch.setattr(indexer, "_cand_verdict", {})
     monkeypatch.setattr(indexer, "MIN_COMPARED", 10**9)
     plugin_layer, _, meta, q, n = pair(vllm_env, "reader", "mtp_2d")
     install_hooks(monkeypatch, vllm_env, take=True)
+    probed = spy_probe_rows(monkeypatch)
     run(vllm_env, plugin_layer, meta, q, n)
     [short] = [r.args[0] for r in plugin_log.records if "not compared" in r.getMessage()]
     assert indexer._cand_verdict == {"compared": False} and short > 1000
+    # Only live columns count, not the dead ones (-1 ids, in every probe) whose gather lands
+    # on column 0's finite logit.
+    [(logits, ids)] = probed
+    assert (ids < 0).any() and short == (ids.ge(0) & logits.isfinite() & logits.ne(0)).sum()
     monkeypatch.setattr(indexer, "_cand_verdict", {})
     monkeypatch.setattr(indexer, "MIN_COMPARED", short)
     vllm_env.calls.clear()
@@ -1143,20 +1166,11 @@ def test_candidate_logits_nan_where_vllms_are_nan_serve(vllm_env, monkeypatch):
     plugin_layer, _, meta, q, n = pair(vllm_env, "reader", "mtp_2d")
     vllm_env.logits.proj[:, 3 * CB] = float("nan")  # column 24: NaN in every row, both paths
     install_hooks(monkeypatch, vllm_env, take=True)
-    nan_compared = []  # whether the probe's compact rows held a live NaN
-    call = ref.CandidateLogitsTopK.__call__
-
-    def spying(self, *args):
-        if len(args) == 12:  # the probe's call, with its check last
-            *rest, check = args
-            args = (*rest, lambda logits, ids: nan_compared.append(
-                bool(logits[ids >= 0].isnan().any())) or check(logits, ids))  # fmt: skip
-        return call(self, *args)
-
-    monkeypatch.setattr(ref.CandidateLogitsTopK, "__call__", spying)
+    probed = spy_probe_rows(monkeypatch)
     run(vllm_env, plugin_layer, meta, q, n)
     assert vllm_env.calls == [*PROBE, "hook:candidate_logits_top_k"]
-    assert nan_compared == [True]
+    [(logits, ids)] = probed
+    assert logits[ids >= 0].isnan().any()  # the probe's compact rows held a live NaN
     assert indexer._cand_verdict == {"compared": True} and indexer._off == {}
 
 
