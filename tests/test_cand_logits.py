@@ -874,6 +874,7 @@ def builds():
     return fresh_compile.compile_all("test_cand_logits")
 
 
+@pytest.mark.gfx942  # on an MI300X: with the Triton that serves there
 def test_gfx942_code_is_the_same_for_a_whole_kv_cache(builds):
     """The gfx942 kernel's instructions are the same whether the cache's storage is past 2 GiB
     (a whole KV cache: no 32-bit pointer range) and its strides and the block table's are

@@ -26,6 +26,10 @@ import pytest
 import fresh_compile
 from dsv41_gfx942_plugin.ops import fused_markov as F
 
+# Selected by `-m gfx942` too, so that on an MI300X they check what that machine's Triton
+# compiles (its ROCm Triton, not CI's 3.8).
+pytestmark = pytest.mark.gfx942
+
 # Pointer arguments of _markov_step_kernel by name (without "_ptr"); every other runtime
 # argument is an int32 (sizes, strides, the step).
 POINTERS = dict(
