@@ -63,7 +63,7 @@ def stats() -> dict[str, dict]:
 
 
 def summary() -> str:
-    """One line: each hook's taken/declined counts."""
+    """One line: each hook's calls taken of those it decided (taken/decided)."""
     parts = [f"{h} {s['taken']}/{s['taken'] + s['declined']}" for h, s in stats().items()]
     return ", ".join(parts) if parts else "no hook has run"
 

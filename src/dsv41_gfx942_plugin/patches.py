@@ -3,7 +3,7 @@
 1. ``vllm.models.deepseek_v41.attention.DeepseekV4Indexer.attn_cls``
    - Why: DSv4.1's decode indexer (top-512, layer 20's candidate selection, the reader layers'
      candidate mask and logits) runs vLLM's generic ops on gfx942, about 0.5-0.7 ms a step at
-     128k (performance-anchors.md). The plugin's decode path replaces them there.
+     128k (``../shared/docs/performance-anchors.md``). The plugin's decode path replaces them there.
    - How: the ClassVar is set to a subclass of the ``SparseAttnIndexer`` it held
      (``indexer.make_indexer_cls``), whose ``forward_hip`` runs the plugin's decode path on a
      decode-only step and vLLM's ``rocm_aiter_sparse_attn_indexer`` on every other step

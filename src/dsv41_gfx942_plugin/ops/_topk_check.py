@@ -108,7 +108,7 @@ def exact_above_floor_rows(gen: torch.Generator, counts=(1025, 4097)) -> torch.T
     4 (512 (s // 4) + t) + s % 4; group (t, s % 2)) 511 even groups hold the keys 1.0 + 1 ulp,
     + 2 ulp, ... (the last listed the greatest), group (511, 0) holds 1.0 and every odd group
     tops at 1.0 less one bin of the floor pass (8-bit digits over the maxima's span), so that
-    pass's floor is exactly 1.0; every other logit lies in [-2, -1)."""
+    pass's floor is exactly 1.0; every other logit lies in (-2, -1]."""
     dev = gen.device
     f32 = dict(dtype=torch.float32, device=dev)  # vLLM builds models under a bf16 default
     x = torch.rand(len(counts), 2 * topk.CHUNK, generator=gen, **f32).neg_().sub_(1)

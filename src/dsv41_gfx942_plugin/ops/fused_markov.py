@@ -86,8 +86,9 @@ GPU_CONFIGS = (
 #   293.0-293.8 / 528.2-528.9 (64-row tiles 215-220 / 387-389, BK 32 with 3 stages 222 / 385,
 #   16 warps 212-217 / 382-384, BV 256 222 / 408, 256-row tiles 388-542). BK 64 with 3 stages
 #   was 3-5% faster on the H200 (198.2-207.7 / 354.6-355.2) but takes all 64 KiB of gfx942's LDS
-#   (135 VGPRs), leaving no margin for another Triton release's allocation; this entry takes
-#   48 KiB and 72 VGPRs there (90 before the dies' program order).
+#   (133 VGPRs; 135 before the dies' program order), leaving no margin for another Triton
+#   release's allocation; this entry takes 48 KiB and 72 VGPRs there (90 before the dies'
+#   program order).
 GREEDY_GPU_CONFIGS = (
     (16, GPU_CONFIGS[0][1]),
     (64, dict(BV=128, BK=64, R_TILE=64, num_warps=8, num_stages=2, FAST=False, BLOCKS=1)),

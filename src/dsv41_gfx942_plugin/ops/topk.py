@@ -350,7 +350,8 @@ def top_k_per_row_decode_512(
     end is <= 512 gets ``0..end-1`` then -1. Row ends: 2-D ``seq_lens`` -> ``seq_lens.view(-1)
     [r]``; 1-D -> ``seq_lens[r // next_n] - next_n + r % next_n + 1`` (causal); clamped to
     ``[0, width]``. Rows 16-byte aligned (and ``register_select``) take the register path:
-    chunks of 16384 logits read once, then a merge launch. Others split a row into at most
+    chunks of 16384 logits read once, then one merge launch where the widest row spans 2-8
+    chunks, two where it spans more, none where one. Others split a row into at most
     ``max_blocks`` (<= 64) chunks of at least ``min_chunk`` logits, read at each radix pass.
     Raises ValueError/TypeError for inputs it cannot take."""
     why = _why_not_decode(logits, next_n, seq_lens, indices)
