@@ -826,22 +826,24 @@ def test_aiter_off_keeps_vllms_dispatch(vllm_env, monkeypatch, why):
     assert not any(c.startswith("hook:") for c in vllm_env.calls)
 
 
-def test_full_graph_choices_do_not_depend_on_lengths(vllm_env, monkeypatch):
+@pytest.mark.parametrize("kind", ["plain", "writer", "reader"])
+def test_full_graph_choices_do_not_depend_on_lengths(vllm_env, monkeypatch, kind):
     """Under FULL graphs the Python runs only at capture: the host-side path taken must be the
-    same for any lengths of the same shapes (the kernels read lengths on the device)."""
+    same for any lengths of the same shapes (the kernels read lengths on the device), on every
+    kind of layer, down to rows shorter than 512 (scale 50: 5 to 140 columns)."""
     from vllm.config import CUDAGraphMode
 
     install_hooks(monkeypatch, vllm_env, take=True)
     paths = []
-    for scale in (1, 3):
+    for scale in (1, 3, 50):
         seq, decode_lens, padded, n_dec, q = make_step("mtp_2d")
         seq = (seq // scale).clamp(min=1)
-        layer = make_layer(vllm_env, "reader", n_dec)
+        layer = make_layer(vllm_env, kind, n_dec)
         vllm_env.calls.clear()
         run(vllm_env, layer, metadata(seq, decode_lens, padded, n_dec), q, n_dec,
             mode=CUDAGraphMode.FULL)  # fmt: skip
         paths.append(list(vllm_env.calls))
-    assert paths[0] == paths[1]
+    assert paths[0] == paths[1] == paths[2] and any(c.startswith("hook:") for c in paths[0])
 
 
 @pytest.mark.parametrize("kind", ["writer", "reader"])

@@ -287,7 +287,6 @@ def test_end_to_end_on_vllms_real_speculator(clean_plugin, fake_platform, target
         return True
 
     took, ref, out = R.run_both(spec, 3, hidden, patched)
-    stats = R.check_rule(spec, 3, R.model_base(spec, 3, hidden), R.model_bias_fn(spec), ref, out)
-    assert stats.tokens > 0
+    R.check_step(spec, 3, hidden, ref, out)
     assert dsv41_gfx942_plugin.stats()["fused_markov"] == {"taken": 1, "declined": 0,
                                                            "reasons": {}}  # fmt: skip
