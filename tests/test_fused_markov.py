@@ -2,7 +2,8 @@
 
 Both paths run on the same speculator state (``ref_markov.make_case``: vLLM's own
 ``DSparkMarkovHead`` and ``LogitsProcessor``), the Triton kernels (ours and vLLM's Gumbel kernel)
-in the interpreter, and ``ref_markov.check_rule`` applies the issue's rule. The cases are sampled
+in the interpreter, and ``ref_markov.check_rule`` applies the issue's rule (``check_step``: with
+vLLM's token at every row and step, as every seeded case gives it). The cases are sampled
 over vocabularies that are not multiples of the block, ranks, row counts 1..64 and 256, 1..7
 draft steps, temperatures 0/0.3/1/2 (and 1.4e-45 to 3e38 in one test), inert rows, greedy and
 probabilistic drafts, fp32 and fp64 noise, ties, -inf; plus one 129280-token case. Every
