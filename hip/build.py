@@ -205,8 +205,11 @@ def build(arch: str, out_dir: Path, require: bool = False) -> dict[str, dict]:
     if arch not in SUPPORTED_ARCHS:
         raise ValueError(f"arch {arch!r} is not one of {SUPPORTED_ARCHS}")
     sources = sorted(HIP_DIR.glob("*.hip"))
-    if not sources:
-        _log(f"{arch}: no HIP source under {HIP_DIR}, nothing to build")
+    if not sources:  # an sdist that lost them: a required build must not ship without kernels
+        msg = f"{arch}: no HIP source under {HIP_DIR}"
+        if require:
+            raise BuildError(msg + f"; {REQUIRE_ENV}=1 makes this an error")
+        _log(msg + ", nothing to build")
         return {}
     compiler = find_compiler(arch)
     if compiler is None:

@@ -71,10 +71,30 @@ def test_benchmarks_run_this_checkout(timing, monkeypatch):
     assert sys.path[:2] == [str(ROOT / "src"), str(ROOT / "tests")]
 
 
+@pytest.mark.parametrize("name", [*GPU_BENCHMARKS, "bench_host"])
+def test_each_benchmark_imports_this_checkouts_plugin(name):
+    """Each benchmark, loaded as a script is (its folder first on the path, no PYTHONPATH; as
+    CI runs with the built wheel installed), imports the plugin from this checkout's src/, not
+    an installed wheel, whether it imports it as it loads or later in ``main``: it calls
+    ``use_checkout`` before its first import of it."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    code = (
+        "import runpy, sys; sys.path.insert(0, sys.argv[1]); "
+        "runpy.run_path(sys.argv[2], run_name='loaded'); "
+        "import dsv41_gfx942_plugin as p; print(p.__file__)"
+    )  # as main's lazy imports
+    bench = ROOT / "benchmarks"
+    proc = subprocess.run([sys.executable, "-c", code, str(bench), str(bench / f"{name}.py")],
+                          env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert Path(proc.stdout.strip().splitlines()[-1]).parent == ROOT / "src/dsv41_gfx942_plugin"
+
+
 @pytest.mark.parametrize(
     ("device", "tbps"),
     [("NVIDIA H200", 4.8), ("NVIDIA H100 80GB HBM3", 3.35), ("NVIDIA H100 PCIe", 2.0),
-     ("AMD Instinct MI300X", 5.3), ("AMD Instinct MI325X", 6.0), ("NVIDIA A100", None)],
+     ("NVIDIA H100 NVL", 3.9), ("AMD Instinct MI300X", 5.3), ("AMD Instinct MI325X", 6.0),
+     ("NVIDIA A100", None)],
 )  # fmt: skip
 def test_markov_floor_takes_the_gpus_bandwidth(monkeypatch, device, tbps):
     """The Markov benchmark's memory floor divides by this GPU's peak bandwidth (once the H200's
@@ -83,8 +103,19 @@ def test_markov_floor_takes_the_gpus_bandwidth(monkeypatch, device, tbps):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: device)
     assert bench.hbm_bytes_per_s(None) == (tbps and tbps * 1e12)
     assert bench.hbm_bytes_per_s(7.0) == 7.0e12
-    one_row = bench.floor_us(1, 129280, 256, 5, False, 4.8e12)
-    assert round(one_row, 1) == 69.5  # the README's 1-row floor on the H200
+
+
+@pytest.mark.parametrize(
+    ("rows", "greedy", "tbps", "floor"),
+    [(1, False, 4.8, 69.5), (1, False, 3.35, 99.6), (256, False, 3.35, 296.4),
+     (1, True, 3.35, 99.2), (256, True, 3.35, 197.6)],
+)  # fmt: skip
+def test_markov_floor_figures(monkeypatch, rows, greedy, tbps, floor):
+    """The floor of 5 steps over DSv4.1's vocabulary and rank: the bias table once a step, and
+    each row's base logits read (and, sampled, its draft-logits cache written). The README's
+    1-row H200 floor, and those the H100 run of 6ed2cc0 printed (benchmarks/topk_sweeps.md)."""
+    bench = load("bench_markov", monkeypatch)
+    assert round(bench.floor_us(rows, 129280, 256, 5, greedy, tbps * 1e12), 1) == floor
 
 
 def test_trim_fatbin_keeps_only_sm90_cubins(monkeypatch):

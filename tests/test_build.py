@@ -49,10 +49,14 @@ def _script(path: Path, body: str = "") -> Path:
 
 
 def test_no_source_builds_nothing_and_says_so(tmp_path, monkeypatch, hip_build, capsys):
+    """No ``hip/*.hip`` (an sdist that lost them): nothing built, said so; a required build
+    fails, as it does without a compiler, instead of shipping a wheel without kernels."""
     monkeypatch.setattr(hip_build, "HIP_DIR", tmp_path)
-    assert hip_build.build("gfx942", tmp_path / "out", require=True) == {}
+    assert hip_build.build("gfx942", tmp_path / "out") == {}
     assert "no HIP source" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+    with pytest.raises(hip_build.BuildError, match="no HIP source"):
+        hip_build.build("gfx942", tmp_path / "out", require=True)
 
 
 def test_missing_compiler_is_fine_unless_required(tmp_path, monkeypatch, one_kernel, capsys):
@@ -163,12 +167,14 @@ def test_rocm_compiler_search(tmp_path, monkeypatch, hip_build, where, rel, foun
 def test_compiler_search_order(tmp_path, monkeypatch, hip_build):
     """README, Install: a ROCm compiler on PATH before one under the ROCm roots, a ROCm compiler
     before a plain clang, the newest plain clang of at least MIN_CLANG (17) before an older
-    one."""
+    one; never one older than MIN_CLANG (the machine's own /usr/lib/llvm-* may then be found)."""
     bin_, root = tmp_path / "bin", tmp_path / "rocm"
     monkeypatch.setenv("PATH", str(bin_))
     for name in ("ROCM_HOME", "HIP_PATH"):
         monkeypatch.setenv(name, "")
     monkeypatch.setenv("ROCM_PATH", str(root))
+    clang16 = _script(bin_ / "clang++", "echo 'clang version 16.0.6'")
+    assert hip_build._find_plain_clang() != str(clang16)
     clang17 = _script(bin_ / "clang++-17", "echo 'Ubuntu clang version 17.0.6'")
     assert hip_build._find_plain_clang() == str(clang17)  # 17 is new enough
     clang19 = _script(bin_ / "clang++-19", "echo 'Debian clang version 19.1.7'")
@@ -232,12 +238,14 @@ def test_build_package_records_what_it_built(tmp_path, one_kernel):
     if one_kernel.find_compiler("gfx942") is None and not REQUIRED:
         pytest.skip("no gfx942-capable compiler here")
     pkg = tmp_path / "pkg"
+    (one_kernel.HIP_DIR / one_kernel.SDIST_COMMIT).write_text("0123456789ab\n")  # an sdist's
     info = one_kernel.build_package(pkg, require=True)
     assert info["archs"] == ["gfx942"]
     obj = pkg / "_kernels" / "tiny.gfx942.co"
     assert obj.read_bytes()[:4] == b"\x7fELF"
     assert info["code_objects"]["tiny.gfx942.co"]["kernels"] == ["addone"]
     assert info["compilers"]["gfx942"]
+    assert info["commit"] == "0123456789ab"
     namespace: dict = {}
     exec((pkg / "_build_info.py").read_text(), namespace)
     assert namespace["BUILD_INFO"] == info
@@ -255,8 +263,11 @@ def test_installed_wheel_carries_its_build_info():
     shipped = sorted(p.name for p in kernels_dir.glob("*.co"))
     assert shipped == sorted(info["code_objects"])  # no stale or sm_90 object beside them
     if REQUIRED and list((ROOT / "hip").glob("*.hip")):
+        from dsv41_gfx942_plugin.ops import topk
+
         assert info["archs"] == ["gfx942"]
-        assert any(n.endswith(".gfx942.co") for n in info["code_objects"])
+        # Every kernel the hooks launch, as the code object's notes name them.
+        assert set(topk.KERNELS) <= set(info["code_objects"]["topk512.gfx942.co"]["kernels"])
 
 
 def test_installed_wheel_is_pure_python():
@@ -318,7 +329,8 @@ def test_recorded_commit_is_this_checkouts(tmp_path, monkeypatch, hip_build):
 
 def test_sdist_records_the_commit(tmp_path, hip_build):
     """An sdist of this checkout carries its commit (``hip/COMMIT``, as ``_git_commit`` gives it
-    here), which a wheel built from that sdist records instead of "unknown"."""
+    here), which a wheel built from that sdist records instead of "unknown", and the HIP
+    sources and build script that wheel's build compiles with."""
     if not (ROOT / ".git").exists():
         pytest.skip("not a git checkout")
     subprocess.run([sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp_path)], cwd=ROOT,
@@ -327,7 +339,11 @@ def test_sdist_records_the_commit(tmp_path, hip_build):
     with tarfile.open(sdist) as tar:
         member = next(m for m in tar.getmembers() if m.name.endswith("/hip/COMMIT"))
         recorded = tar.extractfile(member).read().decode().strip()
+        hip = {m.name.split("/", 1)[1] for m in tar.getmembers() if "/hip/" in m.name}
     assert recorded == hip_build._git_commit() != "unknown"
+    kinds = (".hip", ".h", ".py")
+    sources = [f"hip/{p.name}" for p in (ROOT / "hip").iterdir() if p.suffix in kinds]
+    assert len(sources) >= 5 and hip >= set(sources)
 
 
 @pytest.mark.parametrize(

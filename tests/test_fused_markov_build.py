@@ -111,7 +111,6 @@ def _compile_all() -> dict:
         figures = {f: int(re.search(rf"\.{f}:\s+(\d+)", asm).group(1)) for f in FIELDS}
         figures["instructions"] = len(re.findall(r"^\s+[vs]_|^\s+(?:ds|global|buffer)_", asm, re.M))
         figures["loads"] = sorted(set(re.findall(r"\b(?:global|buffer)_load_\w+", asm)))
-        figures["v_log"] = len(re.findall(r"^\s+v_log_f32", asm, re.M))
         figures["l2_fences"] = len(re.findall(r"^\s+buffer_(?:wbl2|inv)\b", asm, re.M))
         return dict(lds=kernel.metadata.shared, waves=options["num_warps"], **figures)
 

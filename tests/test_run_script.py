@@ -50,7 +50,8 @@ def test_user_environment(tmp_path, hip, require, built_with, exe):
     code object would let the GPU top-k and indexer tests skip on an MI300X), also where
     ``DSV41_GFX942_REQUIRE_HIP`` is blank (a blank switch is unset: the build would read it as
     off); a value set is the user's and kept. A CUDA or CPU torch as before. The environment is
-    used as it is (its python still the stand-in after the run: never rebuilt). ruff runs
+    used as it is (its python still the stand-in after the run: never rebuilt), and the wheel
+    it builds is what it installs and tests. ruff runs
     through the environment's python (a system environment's scripts are not in its ``bin``),
     pinned; the extra arguments reach pytest. An environment whose ``bin`` has only
     ``python3`` (a system prefix) is used through it."""
@@ -80,6 +81,10 @@ def test_user_environment(tmp_path, hip, require, built_with, exe):
     calls = log.read_text().splitlines()
     [wheel] = [c for c in calls if c.startswith("-m pip wheel")]
     assert wheel.endswith(f"REQUIRE={built_with}")
+    # The tests then import the wheel just built (README), not the source tree.
+    [install] = [c for c in calls[calls.index(wheel) :] if "dist/dsv41_gfx942_plugin-" in c]
+    assert install.startswith("-m pip install") and "--force-reinstall" in install
+    assert not any(c.startswith("-m pip install") and " -e " in c for c in calls)
     assert (env_dir / f"bin/{exe}").read_text() == FAKE_PYTHON
     [tools_install] = [c for c in calls if c.startswith("-m pip install") and "ruff" in c]
     assert "ruff==" in tools_install
@@ -123,3 +128,19 @@ def test_user_environment_vllm_check(tmp_path, dist_info, dunder, passes, said):
     assert (done.returncode == 0) is passes, done.stderr
     assert "Traceback" not in done.stderr
     assert said in done.stderr
+
+
+def test_ci_runs_the_readme_command_with_the_build_required(tmp_path):
+    """.ci/run (what CI runs on a clean clone) runs tests/run.sh, the README's test command,
+    with no arguments and a missing HIP compiler made a build error, from the tree's root."""
+    (tmp_path / ".ci").mkdir()
+    (tmp_path / "tests").mkdir()
+    shutil.copy(ROOT / ".ci/run", tmp_path / ".ci/run")
+    seen = tmp_path / "seen"
+    (tmp_path / "tests/run.sh").write_text(
+        f'echo "$PWD|${{DSV41_GFX942_REQUIRE_HIP-unset}}|$#" > "{seen}"\n'
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DSV41_")}
+    done = subprocess.run(["bash", str(tmp_path / ".ci/run")], cwd="/", env=env, timeout=60)
+    assert done.returncode == 0
+    assert seen.read_text().strip() == f"{tmp_path}|1|0"

@@ -127,3 +127,37 @@ def test_status_lists_code_objects_of_a_source_tree(tmp_path, monkeypatch, capsy
     out = capsys.readouterr().out
     assert "topk512.gfx942.co (7 bytes), from hip/build.py" in out
     assert "no code object here" not in out
+
+
+def test_status_lists_code_objects_of_a_wheel(tmp_path, monkeypatch, capsys):
+    """An installed wheel: the build info's commit, archs and compilers, each recorded object
+    with its size and kernels, and an object recorded but not shipped as MISSING; a build
+    without objects says the HIP hooks stay off."""
+    import types
+
+    from dsv41_gfx942_plugin import __main__ as status
+
+    info = {"archs": ["gfx942"], "compilers": {"gfx942": "clang++-19: Debian clang 19.1.7"},
+            "commit": "0123456789ab", "code_objects": {
+                "topk512.gfx942.co": {"arch": "gfx942", "kernels": ["k_one", "k_two"]},
+                "gone.gfx942.co": {"arch": "gfx942", "kernels": ["k_three"]}}}  # fmt: skip
+    built = types.SimpleNamespace(BUILD_INFO=info)
+    monkeypatch.setitem(sys.modules, "dsv41_gfx942_plugin._build_info", built)
+    monkeypatch.setattr(status, "PACKAGE_DIR", tmp_path)
+    (tmp_path / "_kernels").mkdir()
+    (tmp_path / "_kernels" / "topk512.gfx942.co").write_bytes(b"x" * 9)
+    status._code_objects()
+    out = capsys.readouterr().out.splitlines()
+    assert out[-4:] == [
+        "  built from commit 0123456789ab, archs ['gfx942']",
+        "  gfx942 compiler: clang++-19: Debian clang 19.1.7",
+        "  topk512.gfx942.co (gfx942, 9 bytes): k_one, k_two",
+        "  gone.gfx942.co (gfx942, MISSING): k_three",
+    ]
+    built.BUILD_INFO = dict(info, archs=[], compilers={"gfx942": None}, code_objects={})
+    status._code_objects()
+    assert capsys.readouterr().out.splitlines()[-3:] == [
+        "  built from commit 0123456789ab, archs none",
+        "  gfx942 compiler: none found at build time",
+        "  no code object in this build: the HIP hooks stay off, vLLM's ops run",
+    ]

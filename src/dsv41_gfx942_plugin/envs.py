@@ -65,7 +65,7 @@ VARIABLES: dict[str, EnvVar] = {
         EnvVar(
             "DSV41_GFX942_REQUIRE_HIP",
             False,
-            "Build time: a missing HIP compiler fails the wheel build (ROCm release build, CI).",
+            "Build time: no HIP compiler or source fails the wheel build (ROCm release, CI).",
             unreadable=True,
             unreadable_means="the wheel build and hip/build.py stop on it",
         ),
