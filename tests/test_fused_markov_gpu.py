@@ -78,7 +78,8 @@ def test_fp64_ties_keep_the_first_of_equal_block_maxima(second):
     ``second`` in the same block, in the same chunk of blocks or in a later one) must give token
     10, as torch's argmax in vLLM's loop does. The CPU test covers the order across chunks;
     within a block or a chunk it is the GPU's ``tl.max`` (the interpreter's keeps the first
-    index whatever the tie-break flag). The one-block case has not run on a GPU yet."""
+    index whatever the tie-break flag). The one-block case passes on an H100; that it fails
+    with the flag off is not yet shown on a GPU."""
     spec, w1, w2, base3 = R.make_plain_case(
         vocab=V, rank=256, rows=3, fp64=True, temps=(0.0,), inert=0.0, seed=7
     )
