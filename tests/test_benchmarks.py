@@ -4,6 +4,7 @@ from deep inside torch; and every benchmark runs this checkout's code."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -116,6 +117,32 @@ def test_markov_floor_figures(monkeypatch, rows, greedy, tbps, floor):
     1-row H200 floor, and those the H100 run of 6ed2cc0 printed (benchmarks/topk_sweeps.md)."""
     bench = load("bench_markov", monkeypatch)
     assert round(bench.floor_us(rows, 129280, 256, 5, greedy, tbps * 1e12), 1) == floor
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+def test_markov_run_divides_by_this_gpus_bandwidth(monkeypatch, tmp_path, greedy):
+    """``main`` as a run on an H100 goes (every timing stubbed): its floor and JSON take the
+    H100's 3.35 TB/s, then ``--hbm-tbps``'s figure; a wiring slip (the H200's 4.8 TB/s on every
+    GPU, as once) fails here, not only on a GPU."""
+    bench = load("bench_markov", monkeypatch)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(bench, "require_gpu", lambda name: None)
+    monkeypatch.setattr(bench, "vllm_loop", lambda: ("stub", print))
+    monkeypatch.setattr(bench, "_state", lambda args, rows: (None, None, None, None))
+    monkeypatch.setattr(bench, "mean_us", lambda fn, iters: 1.0)
+    monkeypatch.setattr(bench, "graphed", lambda fn: fn)
+    monkeypatch.setattr(bench.floors, "stream", lambda *a: None)
+    monkeypatch.setattr(bench.floors, "noise", lambda *a: None)
+    monkeypatch.setattr(bench.in_tree, "runner", lambda *a: None)
+    for extra, tbps in (([], 3.35), (["--hbm-tbps", "2.5"], 2.5)):
+        out = tmp_path / "markov.json"
+        argv = ["bench_markov.py", "--rows", "8", "--json", str(out), *(["--greedy"] * greedy)]
+        monkeypatch.setattr(sys, "argv", argv + extra)
+        bench.main()
+        run = json.loads(out.read_text())
+        assert run["hbm_bytes_per_s"] == tbps * 1e12
+        want = bench.floor_us(8, 129280, 256, 5, greedy, tbps * 1e12)
+        assert run["results"][0]["floor_us"] == pytest.approx(want, rel=1e-12)
 
 
 def test_trim_fatbin_keeps_only_sm90_cubins(monkeypatch):
