@@ -35,10 +35,10 @@ def test_probe_is_a_step_of_the_variant_the_hook_takes(batch, next_n, dims, rati
     step = cand_probe.probe_step(q, cache, lens, table, ratio, 65536, 2048, seed=batch)
     requests = min(batch, cand_probe.PROBE_REQUESTS)
     rows = requests * next_n
-    variant = indexer._cand_variant(q, cache, lens, table, ratio)
-    assert indexer._cand_variant(step.q, step.kv_cache, step.seq_lens, step.block_table, ratio) == (
-        variant
-    )
+    variant = indexer._cand_variant(q, cache, lens, table, ratio, 8)
+    assert indexer._cand_variant(
+        step.q, step.kv_cache, step.seq_lens, step.block_table, ratio, 8
+    ) == (variant)
     assert step.q.shape == (requests, next_n, 64, 128) and step.q.dtype == FNUZ
     assert step.weights.shape == (rows, 64) and step.indices.shape == (rows, 512)
     assert cand_logits._hook_takes(
@@ -115,10 +115,12 @@ def test_probe_cache_aligns_as_the_real_one(pad, offset):
     assert scales.stride(0) % 16 == real_scales.stride(0) % 16
     assert step.kv_cache.stride(0) >= page_bytes and step.kv_cache.stride()[1:] == (132, 132, 1)
     assert step.kv_cache.data_ptr() % 16 == real.data_ptr() % 16
-    variant = indexer._cand_variant(q, real, lens, table, 1)
-    assert indexer._cand_variant(step.q, step.kv_cache, lens, step.block_table, 1) == variant
+    variant = indexer._cand_variant(q, real, lens, table, 1, 8)
+    assert indexer._cand_variant(step.q, step.kv_cache, lens, step.block_table, 1, 8) == variant
     plain = torch.zeros(5, 64, 1, 132, dtype=torch.uint8)
-    assert (indexer._cand_variant(q, plain, lens, table, 1) == variant) == (pad % 64 == offset == 0)
+    assert (indexer._cand_variant(q, plain, lens, table, 1, 8) == variant) == (
+        pad % 64 == offset == 0
+    )
 
 
 def test_probe_keys_hold_the_bytes_vllms_writer_leaves():

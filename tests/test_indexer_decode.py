@@ -471,36 +471,39 @@ def test_each_candidate_kernel_variant_is_compared(vllm_env, monkeypatch):
     vLLM's dense logits at its first call, though another was compared before; then it serves."""
     plugin_layer, oracle_layer, meta, q, n = pair(vllm_env, "reader", "mtp_2d")
     install_hooks(monkeypatch, vllm_env, take=True)
-    monkeypatch.setattr(indexer, "_cand_variant", lambda *args: "pages of 64")
+    keyed = []
+    monkeypatch.setattr(indexer, "_cand_variant", lambda *args: keyed.append(args) or "pages of 64")
     for expected in ([*PROBE, "hook:candidate_logits_top_k"], ["hook:candidate_logits_top_k"]):
         vllm_env.calls.clear()
         run(vllm_env, plugin_layer, meta, q, n)
         assert vllm_env.calls == expected
     assert indexer._cand_verdict == {"compared": True, "pages of 64": True}
+    assert keyed and all(args[4:] == (1, CB) for args in keyed)  # ratio, candidate block size
 
 
 def test_candidate_kernel_variants():
     """Heads, page size, the lengths' dims, next_n, the compress ratio, q's FP8 dtype (the hook
-    takes e4m3fnuz and e4m3fn; the kernel reads the keys as q's dtype, and so does the probe)
-    and the block table's row stride modulo 16 (the JIT specializes on it) name a variant; the
-    requests do not."""
+    takes e4m3fnuz and e4m3fn; the kernel reads the keys as q's dtype, and so does the probe),
+    the block table's row stride modulo 16 (the JIT specializes on it) and the candidate block
+    size (a constexpr) name a variant; the requests do not."""
     q = torch.empty(2, 3, 64, 128, dtype=torch.float8_e4m3fnuz)
     cache = torch.empty(10, 64, 1, 132)
     table = torch.empty(2, 32, dtype=torch.int32)
-    one = indexer._cand_variant(q, cache, torch.empty(2), table, 1)
+    one = indexer._cand_variant(q, cache, torch.empty(2), table, 1, 8)
     same = torch.empty(5, 3, 64, 128, dtype=torch.float8_e4m3fnuz)
     wider = torch.empty(5, 48, dtype=torch.int32)
-    assert one == indexer._cand_variant(same, cache, torch.empty(5), wider, 1)
+    assert one == indexer._cand_variant(same, cache, torch.empty(5), wider, 1, 8)
     others = [
-        indexer._cand_variant(q[:, :, :32], cache, torch.empty(2), table, 1),
-        indexer._cand_variant(q, cache[:, :32], torch.empty(2), table, 1),
-        indexer._cand_variant(q, cache, torch.empty(2, 3), table, 1),
-        indexer._cand_variant(q[:, :1], cache, torch.empty(2), table, 1),
-        indexer._cand_variant(q, cache, torch.empty(2), table, 2),
-        indexer._cand_variant(q.view(torch.float8_e4m3fn), cache, torch.empty(2), table, 1),
-        indexer._cand_variant(q, cache, torch.empty(2), table[:, :31].contiguous(), 1),
+        indexer._cand_variant(q[:, :, :32], cache, torch.empty(2), table, 1, 8),
+        indexer._cand_variant(q, cache[:, :32], torch.empty(2), table, 1, 8),
+        indexer._cand_variant(q, cache, torch.empty(2, 3), table, 1, 8),
+        indexer._cand_variant(q[:, :1], cache, torch.empty(2), table, 1, 8),
+        indexer._cand_variant(q, cache, torch.empty(2), table, 2, 8),
+        indexer._cand_variant(q.view(torch.float8_e4m3fn), cache, torch.empty(2), table, 1, 8),
+        indexer._cand_variant(q, cache, torch.empty(2), table[:, :31].contiguous(), 1, 8),
+        indexer._cand_variant(q, cache, torch.empty(2), table, 1, 16),
     ]
-    assert len({one, *others}) == 8
+    assert len({one, *others}) == 9
 
 
 def _skewed_hook(monkeypatch, env, skew: str) -> None:

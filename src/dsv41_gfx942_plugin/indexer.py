@@ -318,7 +318,10 @@ def _candidate_logits(layer, decode, q, kv_cache, weights, cands, out) -> bool:
     (it peaks at about 50 MB: 36 MB of cache, 13 MB of keys drawn 256 pages at a time)."""
     if decode.requires_padding:
         return False  # the hook takes no padded step: nothing to compare for
-    variant = _cand_variant(q, kv_cache, decode.seq_lens, decode.block_table, layer.compress_ratio)
+    variant = _cand_variant(
+        q, kv_cache, decode.seq_lens, decode.block_table, layer.compress_ratio,
+        layer.candidate_block_size,
+    )  # fmt: skip
     verdict = _cand_verdict.get(variant)
     if verdict is None:
         if _capturing(q):
@@ -344,17 +347,21 @@ def _candidate_logits(layer, decode, q, kv_cache, weights, cands, out) -> bool:
 MIN_COMPARED = 2048
 
 
-def _cand_variant(q, kv_cache, seq_lens, block_table, compress_ratio: int) -> tuple:
+def _cand_variant(
+    q, kv_cache, seq_lens, block_table, compress_ratio: int, cand_block: int
+) -> tuple:
     """What the candidate-logits kernel is compiled for (heads, page size, 1-D or 2-D lengths;
-    vLLM's reader layers differ in page size; q's FP8 dtype, as which the kernel and AITER's
-    read the keys: the hook takes e4m3fnuz and e4m3fn), the rows a request (``next_n``: vLLM
-    hands AITER's dense kernel other lengths for 2 than for 1) and the compress ratio (at 2 the
-    builder's row lengths can end past the dense kernel's), and ``cand_probe.layout`` of the
-    cache and the block table, on which the JIT specializes the kernels' pointers and strides
-    (``cand_probe.probe_step`` reproduces it; q and the candidates are contiguous, and vLLM's
-    head weights, ``torch.empty_like`` of its projection's, dense, so their strides follow from
-    their shapes): each is compared with vLLM's once."""
-    shape = q.shape[-2], kv_cache.shape[1], seq_lens.dim(), q.shape[1], compress_ratio, q.dtype
+    vLLM's reader layers differ in page size; q's FP8 dtype, as which the kernel and AITER's read
+    the keys: the hook takes e4m3fnuz and e4m3fn), the rows a request (``next_n``: vLLM hands
+    AITER's dense kernel other lengths for 2 than for 1) and the compress ratio (at 2 the builder's
+    row lengths can end past the dense kernel's), the candidate block size (a constexpr of the
+    kernel; DSv4.1 has one for every reader layer, so this only guards another model), and
+    ``cand_probe.layout`` of the cache and the block table, on which the JIT specializes the
+    kernels' pointers and strides (``cand_probe.probe_step`` reproduces it; q and the candidates are
+    contiguous, and vLLM's head weights, ``torch.empty_like`` of its projection's, dense, so their
+    strides follow from their shapes): each is compared with vLLM's once."""
+    shape = (q.shape[-2], kv_cache.shape[1], seq_lens.dim(), q.shape[1], compress_ratio, q.dtype,
+             cand_block)  # fmt: skip
     return shape + cand_probe.layout(kv_cache, block_table)
 
 
