@@ -145,6 +145,29 @@ def test_markov_run_divides_by_this_gpus_bandwidth(monkeypatch, tmp_path, greedy
         assert run["results"][0]["floor_us"] == pytest.approx(want, rel=1e-12)
 
 
+def test_markov_sweep_reports_a_configuration_that_does_not_fit(monkeypatch, capsys):
+    """On gfx942 (64 KiB of LDS a workgroup) the sweep's BV 256 entries need 70-78 KiB and
+    Triton refuses them at launch: the sweep says so and times the rest, not a traceback."""
+    from triton.runtime.errors import OutOfResources
+
+    bench = load("bench_markov", monkeypatch)
+    monkeypatch.setattr(bench, "_state", lambda args, rows: (None, None, None, None))
+    monkeypatch.setattr(bench, "graphed", lambda fn: fn)
+
+    def mean_us(fn, iters):
+        if fn.args[-1]["BV"] == 256:
+            raise OutOfResources(72 * 1024, 64 * 1024, "shared memory")
+        return 1.0
+
+    monkeypatch.setattr(bench, "mean_us", mean_us)
+    args = bench.argparse.Namespace(sweep="8", vocab=129280, rank=256, iters=1, greedy=True)
+    found = bench.sweep(args)
+    assert len(found) == len(bench.GREEDY_SWEEP)
+    assert [r["us"] is None for r in found] == [r["BV"] == 256 for r in found]
+    assert any(r["us"] is None for r in found) and "shared memory" in found[8]["error"]
+    assert "{'BV': 256}: does not fit" in capsys.readouterr().out
+
+
 def test_trim_fatbin_keeps_only_sm90_cubins(monkeypatch):
     """The library carried to the H100/H200 for vLLM's top-k baseline: every byte outside the
     fat binary as it was, the sm_90 cubins as they were, everything else of the fat binary
