@@ -36,9 +36,8 @@ def test_probe_is_a_step_of_the_variant_the_hook_takes(batch, next_n, dims, rati
     requests = min(batch, cand_probe.PROBE_REQUESTS)
     rows = requests * next_n
     variant = indexer._cand_variant(q, cache, lens, table, ratio, 8)
-    assert indexer._cand_variant(
-        step.q, step.kv_cache, step.seq_lens, step.block_table, ratio, 8
-    ) == (variant)
+    probed = indexer._cand_variant(step.q, step.kv_cache, step.seq_lens, step.block_table, ratio, 8)
+    assert probed == variant
     assert step.q.shape == (requests, next_n, 64, 128) and step.q.dtype == FNUZ
     assert step.weights.shape == (rows, 64) and step.indices.shape == (rows, 512)
     assert cand_logits._hook_takes(
